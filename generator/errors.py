@@ -1,0 +1,56 @@
+"""Every error vllm-compose raises on purpose.
+
+    VllmComposeError            one line, plus an optional hint; cli.main() prints it and exits
+    ├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
+    ├── OutputError             a rendered file could not be written
+    └── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
+        └── PhaseError          a bring-up phase failed or timed out on a node
+"""
+
+from __future__ import annotations
+
+
+class VllmComposeError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def lines(self) -> list[str]:
+        return [self.message] + ([f"hint: {self.hint}"] if self.hint else [])
+
+
+class ConfigError(VllmComposeError):
+    """An invalid config: one line per problem, each naming the field by its dotted path."""
+
+    exit_code = 2
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source} is invalid:")
+        self.problems = problems
+
+    def lines(self) -> list[str]:
+        return [self.message] + [f"  {problem}" for problem in self.problems]
+
+
+class OutputError(VllmComposeError):
+    pass
+
+
+class DockerError(VllmComposeError):
+    def __init__(self, node: str, message: str, detail: str = "", hint: str | None = None) -> None:
+        super().__init__(f"node '{node}': {message}", hint)
+        self.node = node
+        self.detail = detail
+
+    def lines(self) -> list[str]:
+        tail = [f"  {line}" for line in self.detail.splitlines() if line.strip()]
+        return [*super().lines(), *tail]
+
+
+class PhaseError(DockerError):
+    def __init__(self, node: str, phase: str, message: str, detail: str = "") -> None:
+        super().__init__(node, f"phase '{phase}' failed: {message}", detail)
+        self.phase = phase

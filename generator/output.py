@@ -1,0 +1,83 @@
+"""Writing rendered files: a plan (create / identical / overwrite), diffs, and an atomic apply."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from generator.errors import OutputError
+from generator.render import File
+
+Action = Literal["create", "identical", "overwrite"]
+
+
+@dataclass(frozen=True)
+class Change:
+    path: Path
+    action: Action
+    file: File
+    old: str | None
+
+    def diff(self) -> str:
+        old = (self.old or "").splitlines(keepends=True)
+        before = f"a/{self.path}" if self.old is not None else "/dev/null"
+        lines = difflib.unified_diff(old, self.file.text.splitlines(keepends=True), before, f"b/{self.path}")
+        return "".join(lines)
+
+
+def plan(files: dict[str, File], outdir: Path) -> list[Change]:
+    changes = []
+    for rel, file in sorted(files.items()):
+        path = outdir / rel
+        old = _read(path)
+        action: Action = "create" if old is None else "identical" if old == file.text else "overwrite"
+        if action == "identical" and path.stat().st_mode & 0o777 != file.mode:
+            action = "overwrite"
+        changes.append(Change(path, action, file, old))
+    return changes
+
+
+def stale(files: dict[str, File], outdir: Path) -> list[Path]:
+    """Node folders in outdir that the config no longer names; reported, never deleted."""
+    nodes = {rel.split("/", 1)[0] for rel in files}
+    if not outdir.is_dir():
+        return []
+    return sorted(p for p in outdir.iterdir() if p.is_dir() and p.name not in nodes)
+
+
+def apply(changes: list[Change]) -> None:
+    """Write every changed file to a temporary sibling first, then rename them all into place,
+    so a failure leaves the old files, never a half-written one."""
+    pending: list[tuple[str, Path]] = []
+    try:
+        for change in changes:
+            if change.action != "identical":
+                pending.append((_stage(change), change.path))
+        for tmp, path in pending:
+            os.replace(tmp, path)
+    except OSError as e:
+        for tmp, _ in pending:
+            Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def _stage(change: Change) -> str:
+    change.path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=change.path.parent, prefix=f".{change.path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(change.file.text)
+    os.chmod(tmp, change.file.mode)
+    return tmp
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise OutputError(f"cannot read {path}: {e}", "move it away or choose another -o") from None

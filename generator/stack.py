@@ -1,0 +1,178 @@
+"""What one node runs: services, commands, environment and gates, derived from the config.
+
+Templates only read these values; every decision about the stack is made here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from generator.config import MEMORY_MONITOR, Cluster, Node
+
+RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILURES #13)
+
+
+@dataclass(frozen=True)
+class Health:
+    test: list[str]
+    start_period: int
+    interval: int = 5
+    timeout: int = 30
+    retries: int = 3
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    command: list[str]
+    health: Health | None
+    depends_on: str | None = None
+    volumes: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeStack:
+    cluster: Cluster
+    node: Node
+    source: str  # the config file's name, for the header
+    image: str  # the wrapper image tag
+
+    @property
+    def is_head(self) -> bool:
+        return self.node == self.cluster.head
+
+    @property
+    def role(self) -> str:
+        return "head" if self.is_head else "worker"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.cluster.head.ip}:{self.cluster.ray.port}"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """Ours first, then the user's: per-node values cannot be overridden (config rejects it)."""
+        interface = self.cluster.interface_of(self.node)
+        env = {
+            "VLLM_HOST_IP": str(self.node.ip),
+            "NCCL_SOCKET_IFNAME": interface,
+            "GLOO_SOCKET_IFNAME": interface,
+        }
+        if self.cluster.backend == "ray":
+            # Ray's memory monitor kills workers during weight load on unified memory (FAILURES #6);
+            # it must be off on every node, not only the head. The user may override it (warned).
+            env[MEMORY_MONITOR] = "0"
+            env["RAY_USAGE_STATS_ENABLED"] = "0"
+        return env | dict(self.cluster.env)
+
+    @property
+    def volumes(self) -> list[str]:
+        path = self.cluster.model.path
+        return [f"{path}:{path}:ro"]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
+            "io.vllm-compose.cluster": self.cluster.name,
+            "io.vllm-compose.node": self.node.name,
+            "io.vllm-compose.role": self.role,
+            "io.vllm-compose.config-hash": self.cluster.config_hash(),
+        }
+
+    @cached_property
+    def services(self) -> list[Service]:
+        if self.cluster.backend == "native":
+            own = [self._native_serve()]
+        else:
+            own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
+        return [
+            replace(s, environment=self.environment | s.environment, volumes=self.volumes + s.volumes)
+            for s in own
+        ]
+
+    @property
+    def named_volumes(self) -> list[str]:
+        return ["ray-tmp"] if self.cluster.backend == "ray" and self.is_head else []
+
+    # Ray backend
+
+    def _ray_start(self) -> list[str]:
+        c = self.cluster
+        cmd = ["ray", "start", "--block", "--node-ip-address", str(self.node.ip)]
+        cmd += ["--num-gpus", str(self.node.gpus), "--disable-usage-stats"]
+        store = c.ray.object_store_memory or c.settings.object_store_memory
+        if store:
+            cmd += ["--object-store-memory", str(store)]
+        return cmd
+
+    def _ray_head(self) -> Service:
+        c = self.cluster
+        cmd = [*self._ray_start(), "--head", "--port", str(c.ray.port)]
+        if c.ray.dashboard:
+            cmd += ["--include-dashboard=true", "--dashboard-host", str(self.node.ip)]
+        else:
+            cmd += ["--include-dashboard=false"]
+        everyone = ",".join(str(n.ip) for n in c.nodes)
+        test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
+        test += ["--expect", everyone, "--gpus", str(c.gpu_total)]
+        return Service("ray", cmd, Health(test, start_period=300), volumes=[f"ray-tmp:{RAY_TMP}"])
+
+    def _ray_worker(self) -> Service:
+        cmd = [*self._ray_start(), "--address", self.gcs_address]
+        test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
+        test += ["--expect", str(self.node.ip)]
+        env = {"VLLM_COMPOSE_WAIT_FOR": self.gcs_address}
+        return Service("ray", cmd, Health(test, start_period=300), environment=env)
+
+    def _serve(self) -> Service:
+        cmd = [*self._vllm_serve(), "--distributed-executor-backend", "ray", *self.cluster.vllm.args]
+        return Service(
+            "serve",
+            cmd,
+            self._serve_health(),
+            depends_on="ray",
+            volumes=[f"ray-tmp:{RAY_TMP}"],
+            environment={"RAY_ADDRESS": self.gcs_address},
+        )
+
+    # Native backend
+
+    def _native_serve(self) -> Service:
+        c = self.cluster
+        cmd = [*self._vllm_serve(), "--nnodes", str(len(c.nodes)), "--node-rank", str(self._rank)]
+        cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
+        if self.is_head:
+            return Service("serve", [*cmd, *c.vllm.args], self._serve_health())
+        # A headless rank has no API to probe; the head's completion gate proves it works.
+        return Service("serve", [*cmd, "--headless", *c.vllm.args], None)
+
+    @property
+    def _rank(self) -> int:
+        """The head is rank 0; workers follow in config order."""
+        return [self.cluster.head, *self.cluster.workers].index(self.node)
+
+    # Shared
+
+    def _vllm_serve(self) -> list[str]:
+        c, v = self.cluster, self.cluster.vllm
+        utilization = v.gpu_memory_utilization or c.settings.gpu_memory_utilization
+        cmd = ["vllm", "serve", c.model.path]
+        cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
+        cmd += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
+        cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(v.port)]
+        if v.max_model_len:
+            cmd += ["--max-model-len", str(v.max_model_len)]
+        if v.served_model_name:
+            cmd += ["--served-model-name", v.served_model_name]
+        strategy = v.safetensors_load_strategy or c.settings.safetensors_load_strategy
+        if strategy:
+            cmd += ["--safetensors-load-strategy", strategy]
+        return cmd
+
+    def _serve_health(self) -> Health:
+        c = self.cluster
+        test = ["CMD", "vllm-compose-health", "serve", "--port", str(c.vllm.port)]
+        test += ["--model", c.served_model_name]
+        return Health(test, start_period=c.vllm.startup_timeout)

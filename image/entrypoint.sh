@@ -1,0 +1,24 @@
+#!/bin/sh
+# vllm-compose entrypoint: checks the base image has what the command needs, then execs it.
+# A missing tool is one clear line naming the image, instead of "ray: not found" minutes later.
+set -eu
+image="${VLLM_COMPOSE_BASE_IMAGE:-this image}"
+
+need() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "vllm-compose: $image has no '$1' on PATH; $2" >&2
+    exit 127
+}
+
+case "${1:-}" in
+    ray) need ray "use an image with Ray, or set 'backend: native' in the config" ;;
+    vllm) need vllm "set 'image' in the config to an image with vLLM" ;;
+    "") echo "vllm-compose: no command given; the rendered compose.yaml sets one" >&2; exit 2 ;;
+esac
+
+# A Ray worker that starts before its head would give up after a few retries: wait for the
+# head's GCS port first, bounded, so the nodes of a hand-run stack can start in any order.
+if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ]; then
+    vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "${VLLM_COMPOSE_WAIT_SECONDS:-300}"
+fi
+exec "$@"
