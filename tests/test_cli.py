@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CASES = Path(__file__).parent / "cases"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "generator", *args], cwd=cwd, capture_output=True, text=True,
+        check=False,
+    )
+
+
+def test_validate_lists_nodes_and_roles() -> None:
+    result = run("validate", str(CASES / "sample.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "  spark-1: head, 192.168.200.12 on enp1s0f1np1, context spark-1",
+        "  spark-2: worker, 192.168.200.13 on enp1s0f1np1, context spark-2",
+    ]
+
+
+def test_render_reports_create_then_identical_then_overwrite(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text((CASES / "sample.yaml").read_text())
+    first = run("render", str(config), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "   create  compose/qwen35/spark-1/compose.yaml" in first.stdout.splitlines()
+    assert (tmp_path / "compose/qwen35/spark-2/compose.yaml").is_file()
+
+    second = run("render", str(config), cwd=tmp_path)
+    assert {line.split()[0] for line in second.stdout.splitlines()} == {"identical"}
+
+    config.write_text(config.read_text().replace("port: 30000", "port: 30001"))
+    third = run("render", str(config), cwd=tmp_path)
+    assert "overwrite  compose/qwen35/spark-1/compose.yaml" in third.stdout
+    assert "identical  compose/qwen35/spark-1/Dockerfile" in third.stdout
+
+
+def test_dry_run_shows_a_diff_and_writes_nothing(tmp_path: Path) -> None:
+    run("render", str(CASES / "sample.yaml"), "-o", str(tmp_path / "out"))
+    before = (tmp_path / "out/spark-1/compose.yaml").read_text()
+    changed = tmp_path / "c.yaml"
+    changed.write_text((CASES / "sample.yaml").read_text().replace("WARN", "INFO"))
+    result = run("render", str(changed), "-o", str(tmp_path / "out"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"would overwrite  {tmp_path}/out/spark-1/compose.yaml" in result.stdout
+    assert '-      "NCCL_DEBUG": "WARN"' in result.stdout
+    assert '+      "NCCL_DEBUG": "INFO"' in result.stdout
+    assert (tmp_path / "out/spark-1/compose.yaml").read_text() == before
+
+
+def test_broken_config_exits_2_with_one_line_per_problem_and_writes_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    text = (CASES / "sample.yaml").read_text()
+    bad.write_text(text.replace("192.168.200.13", "192.168.200.12").replace("0.85", "2"))
+    result = run("render", str(bad), "-o", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"{bad} is invalid:",
+        "  vllm.gpu_memory_utilization: Input should be less than or equal to 1",
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_node_removed_from_the_config_is_reported_not_deleted(tmp_path: Path) -> None:
+    run("render", str(CASES / "sample.yaml"), "-o", str(tmp_path))
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        (CASES / "sample.yaml").read_text()
+        .replace("  - name: spark-2\n    ip: 192.168.200.13\n    context: spark-2\n", "")
+        .replace("tensor_parallel_size: 2", "tensor_parallel_size: 1")
+    )
+    result = run("render", str(one), "-o", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"note: {tmp_path}/spark-2 is not a node of qwen35 any more; left as it is" in result.stderr
+    assert (tmp_path / "spark-2/compose.yaml").is_file()
+
+
+def test_schema_is_json_with_a_description_on_every_key() -> None:
+    schema = json.loads(run("schema").stdout)
+    assert schema["title"] == "Cluster"
+    for model in [schema, *schema["$defs"].values()]:
+        for name, prop in model["properties"].items():
+            assert prop.get("description"), name
+
+
+def test_readme_config_reference_is_the_generated_one() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert run("schema", "--markdown").stdout in readme, "regenerate: vllm-compose schema --markdown"

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from generator import config, output, render
+
+CASES = Path(__file__).parent / "cases"
+GOLDEN = Path(__file__).parent / "golden"
+NAMES = ["sample", "four-node-pp", "native"]
+
+
+def rendered(name: str) -> dict[str, render.File]:
+    return render.render(config.load(CASES / f"{name}.yaml"), f"{name}.yaml")
+
+
+def compose_files(files: dict[str, render.File]) -> dict[str, str]:
+    return {rel: f.text for rel, f in files.items() if rel.endswith("compose.yaml")}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rendered_stacks_match_the_golden_files(name: str, update_golden: bool) -> None:
+    for rel, text in compose_files(rendered(name)).items():
+        golden = GOLDEN / name / rel
+        if update_golden:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(text)
+        assert text == golden.read_text(), f"{golden} differs; rerun with --update-golden"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rendering_is_deterministic(name: str) -> None:
+    assert rendered(name) == rendered(name)
+
+
+def test_each_node_folder_holds_the_wrapper_build_context() -> None:
+    files = rendered("sample")
+    assert sorted(files) == [
+        f"{node}/{name}"
+        for node in ("spark-1", "spark-2")
+        for name in ("Dockerfile", "compose.yaml", "image/entrypoint.sh", "image/health.py")
+    ]
+    assert files["spark-2/image/entrypoint.sh"].mode == 0o755
+
+
+def compose_config(folder: Path) -> dict:
+    """`docker compose config` (needs no engine): validates and normalises the file."""
+    result = subprocess.run(
+        ["docker", "compose", "config", "--format", "json"],
+        cwd=folder, capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_docker_compose_accepts_every_rendered_file(name: str, tmp_path: Path) -> None:
+    files = rendered(name)
+    output.apply(output.plan(files, tmp_path))
+    cluster = config.load(CASES / f"{name}.yaml")
+    for node in cluster.nodes:
+        normalised = compose_config(tmp_path / node.name)
+        assert normalised["name"] == cluster.name
+        for service in normalised["services"].values():
+            assert service["network_mode"] == "host"
+            assert service.get("privileged") is not True
+            assert service["environment"]["VLLM_HOST_IP"] == str(node.ip)
+            assert service["environment"]["NCCL_SOCKET_IFNAME"] == cluster.interface_of(node)
+            assert service["environment"]["GLOO_SOCKET_IFNAME"] == cluster.interface_of(node)
+            assert service["labels"]["io.vllm-compose.config-hash"] == cluster.config_hash()
+
+
+def test_ray_stack_orders_and_addresses_every_node(tmp_path: Path) -> None:
+    output.apply(output.plan(rendered("four-node-pp"), tmp_path))
+    head = compose_config(tmp_path / "node-b")["services"]
+    assert set(head) == {"ray", "serve"}
+    assert head["ray"]["command"][:5] == ["ray", "start", "--block", "--node-ip-address", "10.10.0.2"]
+    assert head["serve"]["depends_on"]["ray"]["condition"] == "service_healthy"
+    assert head["serve"]["command"][:12] == [
+        "vllm", "serve", "/srv/models/Llama-3.1-405B-FP8",
+        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+        "--gpu-memory-utilization", "0.85", "--port", "8000", "--served-model-name",
+    ]
+    assert "--expect" in head["ray"]["healthcheck"]["test"]
+    expected = "10.10.0.1,10.10.0.2,10.10.0.3,10.10.0.4"
+    assert head["ray"]["healthcheck"]["test"][-3:] == [expected, "--gpus", "4"]
+    for worker, ip in (("node-a", "10.10.0.1"), ("node-c", "10.10.0.3"), ("node-d", "10.10.0.4")):
+        services = compose_config(tmp_path / worker)["services"]
+        assert list(services) == ["ray"]
+        command = services["ray"]["command"]
+        assert command[command.index("--address") + 1] == "10.10.0.2:6380"
+        assert command[command.index("--node-ip-address") + 1] == ip
+
+
+def test_dgx_spark_profile_adds_rdma_without_privileged(tmp_path: Path) -> None:
+    output.apply(output.plan(rendered("four-node-pp"), tmp_path))
+    ray = compose_config(tmp_path / "node-a")["services"]["ray"]
+    assert ray["cap_add"] == ["IPC_LOCK"]
+    assert ray["devices"][0]["source"] == "/dev/infiniband"
+    assert ray["ulimits"]["memlock"] == -1
+    assert ray["ipc"] == "host"
+    assert "--object-store-memory" in ray["command"]
+
+
+def test_native_stack_has_rank_zero_with_api_and_headless_workers(tmp_path: Path) -> None:
+    output.apply(output.plan(rendered("native"), tmp_path))
+    head = compose_config(tmp_path / "spark-1")["services"]["serve"]["command"]
+    worker = compose_config(tmp_path / "spark-2")["services"]["serve"]["command"]
+    assert head[-9:] == [
+        "--nnodes", "2", "--node-rank", "0", "--master-addr", "192.168.200.12",
+        "--master-port", "29600", "--enforce-eager",
+    ]
+    assert head[head.index("--node-rank") + 1] == "0"
+    assert "--headless" not in head
+    assert worker[worker.index("--node-rank") + 1] == "1"
+    assert worker[worker.index("--master-addr") + 1] == "192.168.200.12"
+    assert "--headless" in worker
+    assert "ray" not in head and "--distributed-executor-backend" not in head
+
+
+HOSTILE = [
+    "$(touch /tmp/pwned)",
+    "${HOME}",
+    "$HOME",
+    "it's \"quoted\"",
+    "a: #b",
+    "line1\nline2: injected",
+    "- list",
+    "{flow: map}",
+    "`id`; rm -rf /",
+    "\ttab",
+    "ünïcødé",
+]
+
+
+def test_hostile_values_render_literally(tmp_path: Path) -> None:
+    text = (CASES / "sample.yaml").read_text()
+    cluster = config.parse(text).model_copy(
+        update={
+            "vllm": config.parse(text).vllm.model_copy(update={"args": HOSTILE}),
+            "env": {f"V{i}": v for i, v in enumerate(HOSTILE)},
+        }
+    )
+    files = render.render(cluster, "sample.yaml")
+    output.apply(output.plan(files, tmp_path))
+    # `docker compose config` prints values in its own escaped form: `$` stays `$$`, which proves
+    # nothing was interpolated (`${HOME}` would have become a path). The engine test checks that
+    # a running container receives the plain string.
+    escaped = [v.replace("$", "$$") for v in HOSTILE]
+    for node, keys in (("spark-1", {"name", "services", "volumes"}), ("spark-2", {"name", "services"})):
+        parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
+        assert set(parsed) == keys
+        normalised = compose_config(tmp_path / node)
+        for name in parsed["services"]:
+            assert [parsed["services"][name]["environment"][f"V{i}"] for i in range(len(HOSTILE))] == escaped
+            env = normalised["services"][name]["environment"]
+            assert [env[f"V{i}"] for i in range(len(HOSTILE))] == escaped
+    serve = compose_config(tmp_path / "spark-1")["services"]["serve"]
+    assert serve["command"][-len(HOSTILE):] == escaped
