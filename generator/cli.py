@@ -39,12 +39,16 @@ def default_outdir(cluster: config.Cluster) -> Path:
 def validate(path: ConfigArg) -> None:
     """Check a config; print the nodes and their roles."""
     cluster = _load(path)
-    out.print(f"{path}: valid; backend {cluster.backend}, TP {cluster.tensor_parallel_size}"
-              f" x PP {cluster.vllm.pipeline_parallel_size} over {cluster.gpu_total} GPUs")
+    out.print(
+        f"{path}: valid; backend {cluster.backend}, TP {cluster.tensor_parallel_size}"
+        f" x PP {cluster.vllm.pipeline_parallel_size} over {cluster.gpu_total} GPUs"
+    )
     for node in cluster.nodes:
         role = "head" if node == cluster.head else "worker"
-        out.print(f"  {node.name}: {role}, {node.ip} on {cluster.interface_of(node)},"
-                  f" context {node.docker_context}")
+        out.print(
+            f"  {node.name}: {role}, {node.ip} on {cluster.interface_of(node)},"
+            f" context {node.docker_context}"
+        )
 
 
 @app.command("render")
@@ -53,7 +57,9 @@ def render_cmd(
     outdir: Annotated[
         Path | None, typer.Option("-o", "--output", help="Output folder [default: compose/NAME].")
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and diffs only.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and diffs only.")
+    ] = False,
 ) -> None:
     """Render one compose folder per node."""
     cluster = _load(path)
@@ -72,7 +78,9 @@ def render_cmd(
 
 @app.command()
 def schema(
-    markdown: Annotated[bool, typer.Option("--markdown", help="The README's table instead.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The README's table instead.")
+    ] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""
     out.print(reference.markdown() if markdown else reference.schema(), end="", markup=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -61,7 +60,7 @@ class Node(Strict):
         description="Node name: lowercase letters, digits, '-' and '_'. Names its compose folder.",
     )
     ip: Annotated[IPv4Address, Field(strict=False)] = Field(
-        description="The node's address on the private (RoCE) subnet; Ray, NCCL and vLLM bind to it."
+        description="The node's address on the private (RoCE) subnet; Ray, NCCL and vLLM use it."
     )
     context: str | None = Field(
         default=None,
@@ -232,7 +231,9 @@ def _node_problems(c: Cluster) -> list[str]:
                 f"nodes.{i}.{field}: {values[i]} is already used by node '{c.nodes[j].name}'"
             )
     heads = [i for i, n in enumerate(c.nodes) if n.role == "head"]
-    problems += [f"nodes.{i}.role: a second head; only one node may say 'role: head'" for i in heads[1:]]
+    problems += [
+        f"nodes.{i}.role: a second head; only one node may say 'role: head'" for i in heads[1:]
+    ]
     problems += [
         f"nodes.{i}.interface: no interface for node '{n.name}'; set `interface` at the top level"
         " or on the node"
@@ -287,7 +288,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         if key in seen:
             mark = key_node.start_mark
             raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=mark)
@@ -300,7 +301,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def parse(text: str, source: str = "config") -> Cluster:
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -1,10 +1,10 @@
 """Every error vllm-compose raises on purpose.
 
-    VllmComposeError            one line, plus an optional hint; cli.main() prints it and exits
-    ├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
-    ├── OutputError             a rendered file could not be written
-    └── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
-        └── PhaseError          a bring-up phase failed or timed out on a node
+VllmComposeError            one line, plus an optional hint; cli.main() prints it and exits
+├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
+├── OutputError             a rendered file could not be written
+└── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
+    └── PhaseError          a bring-up phase failed or timed out on a node
 """
 
 from __future__ import annotations

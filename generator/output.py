@@ -25,7 +25,9 @@ class Change:
     def diff(self) -> str:
         old = (self.old or "").splitlines(keepends=True)
         before = f"a/{self.path}" if self.old is not None else "/dev/null"
-        lines = difflib.unified_diff(old, self.file.text.splitlines(keepends=True), before, f"b/{self.path}")
+        lines = difflib.unified_diff(
+            old, self.file.text.splitlines(keepends=True), before, f"b/{self.path}"
+        )
         return "".join(lines)
 
 
@@ -34,7 +36,9 @@ def plan(files: dict[str, File], outdir: Path) -> list[Change]:
     for rel, file in sorted(files.items()):
         path = outdir / rel
         old = _read(path)
-        action: Action = "create" if old is None else "identical" if old == file.text else "overwrite"
+        action: Action = (
+            "create" if old is None else "identical" if old == file.text else "overwrite"
+        )
         if action == "identical" and path.stat().st_mode & 0o777 != file.mode:
             action = "overwrite"
         changes.append(Change(path, action, file, old))
@@ -58,7 +62,7 @@ def apply(changes: list[Change]) -> None:
             if change.action != "identical":
                 pending.append((_stage(change), change.path))
         for tmp, path in pending:
-            os.replace(tmp, path)
+            Path(tmp).replace(path)
     except OSError as e:
         for tmp, _ in pending:
             Path(tmp).unlink(missing_ok=True)
@@ -70,7 +74,7 @@ def _stage(change: Change) -> str:
     fd, tmp = tempfile.mkstemp(dir=change.path.parent, prefix=f".{change.path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(change.file.text)
-    os.chmod(tmp, change.file.mode)
+    Path(tmp).chmod(change.file.mode)
     return tmp
 
 

@@ -31,7 +31,7 @@ _env = jinja2.Environment(
     keep_trailing_newline=True,
     trim_blocks=True,
     lstrip_blocks=True,
-    autoescape=False,  # noqa: S701 - YAML, not HTML; every user value passes through `q`
+    autoescape=False,
 )
 _env.filters["q"] = quote
 
@@ -55,7 +55,9 @@ def render(cluster: Cluster, source: str) -> dict[str, File]:
     build_context = {name: _asset(name) for name in assets.IMAGE_FILES}
     files: dict[str, File] = {}
     for stack in node_stacks(cluster, source):
-        files[f"{stack.node.name}/compose.yaml"] = File(template.render(stack=stack, version=__version__))
+        files[f"{stack.node.name}/compose.yaml"] = File(
+            template.render(stack=stack, version=__version__)
+        )
         files.update({f"{stack.node.name}/{name}": f for name, f in build_context.items()})
     return files
 

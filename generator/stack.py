@@ -88,7 +88,9 @@ class NodeStack:
         else:
             own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
         return [
-            replace(s, environment=self.environment | s.environment, volumes=self.volumes + s.volumes)
+            replace(
+                s, environment=self.environment | s.environment, volumes=self.volumes + s.volumes
+            )
             for s in own
         ]
 
@@ -127,7 +129,12 @@ class NodeStack:
         return Service("ray", cmd, Health(test, start_period=300), environment=env)
 
     def _serve(self) -> Service:
-        cmd = [*self._vllm_serve(), "--distributed-executor-backend", "ray", *self.cluster.vllm.args]
+        cmd = [
+            *self._vllm_serve(),
+            "--distributed-executor-backend",
+            "ray",
+            *self.cluster.vllm.args,
+        ]
         return Service(
             "serve",
             cmd,

@@ -32,9 +32,15 @@ def _rootfs() -> Path:
         partial.parent.mkdir(parents=True, exist_ok=True)
         print(f"debootstrap: a minimal Debian with Python into {partial} (about a minute)")
         subprocess.run(
-            ["debootstrap", "--variant=minbase",
-             "--include=python3,ca-certificates,iproute2,curl,procps", "bookworm", str(partial)],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=python3,ca-certificates,iproute2,curl,procps",
+                "bookworm",
+                str(partial),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         partial.rename(rootfs)
     return rootfs
@@ -47,8 +53,17 @@ def _ray_site() -> Path:
         subprocess.run(["rm", "-rf", str(partial)], check=True)
         print(f"pip: ray=={RAY_VERSION} into {partial}")
         subprocess.run(
-            ["python3", "-m", "pip", "install", "-q", "--no-warn-script-location",
-             "--target", str(partial), f"ray=={RAY_VERSION}"],
+            [
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-warn-script-location",
+                "--target",
+                str(partial),
+                f"ray=={RAY_VERSION}",
+            ],
             check=True,
         )
         partial.rename(site)
@@ -58,7 +73,9 @@ def _ray_site() -> Path:
 def debian_base(docker: DockerClient) -> str:
     if not docker.image.exists(DEBIAN):
         docker_cmd = [*docker.client_config.docker_cmd, "import", "-", DEBIAN]
-        with subprocess.Popen(["tar", "-C", str(_rootfs()), "-c", "."], stdout=subprocess.PIPE) as tar:
+        with subprocess.Popen(
+            ["tar", "-C", str(_rootfs()), "-c", "."], stdout=subprocess.PIPE
+        ) as tar:
             subprocess.run(docker_cmd, stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL)
     return DEBIAN
 

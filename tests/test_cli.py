@@ -10,7 +10,10 @@ CASES = Path(__file__).parent / "cases"
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "generator", *args], cwd=cwd, capture_output=True, text=True,
+        [sys.executable, "-m", "generator", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
         check=False,
     )
 
@@ -71,13 +74,16 @@ def test_a_node_removed_from_the_config_is_reported_not_deleted(tmp_path: Path) 
     run("render", str(CASES / "sample.yaml"), "-o", str(tmp_path))
     one = tmp_path / "one.yaml"
     one.write_text(
-        (CASES / "sample.yaml").read_text()
+        (CASES / "sample.yaml")
+        .read_text()
         .replace("  - name: spark-2\n    ip: 192.168.200.13\n    context: spark-2\n", "")
         .replace("tensor_parallel_size: 2", "tensor_parallel_size: 1")
     )
     result = run("render", str(one), "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert f"note: {tmp_path}/spark-2 is not a node of qwen35 any more; left as it is" in result.stderr
+    assert (
+        f"note: {tmp_path}/spark-2 is not a node of qwen35 any more; left as it is" in result.stderr
+    )
     assert (tmp_path / "spark-2/compose.yaml").is_file()
 
 
@@ -91,4 +97,6 @@ def test_schema_is_json_with_a_description_on_every_key() -> None:
 
 def test_readme_config_reference_is_the_generated_one() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert run("schema", "--markdown").stdout in readme, "regenerate: vllm-compose schema --markdown"
+    assert run("schema", "--markdown").stdout in readme, (
+        "regenerate: vllm-compose schema --markdown"
+    )

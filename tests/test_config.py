@@ -45,7 +45,9 @@ def test_defaults_first_node_is_head_context_is_name_one_gpu_each() -> None:
 
 
 def test_role_head_moves_the_head_and_node_interface_overrides() -> None:
-    text = BASE.replace("{name: b, ip: 10.0.0.2}", "{name: b, ip: 10.0.0.2, role: head, interface: ib0}")
+    text = BASE.replace(
+        "{name: b, ip: 10.0.0.2}", "{name: b, ip: 10.0.0.2, role: head, interface: ib0}"
+    )
     cluster = config.parse(text)
     assert cluster.head.name == "b"
     assert cluster.interface_of(cluster.nodes[1]) == "ib0"
@@ -59,7 +61,10 @@ def test_tensor_parallel_defaults_to_gpus_over_pipeline_stages() -> None:
 
 
 def test_config_hash_changes_with_any_value() -> None:
-    assert config.parse(BASE).config_hash() != config.parse(BASE.replace("/models/m", "/models/n")).config_hash()
+    assert (
+        config.parse(BASE).config_hash()
+        != config.parse(BASE.replace("/models/m", "/models/n")).config_hash()
+    )
     assert config.parse(BASE).config_hash() == config.parse(BASE).config_hash()
 
 
@@ -76,94 +81,144 @@ BROKEN = [
     ("name: [", ["line 1, column 8: expected the node content, but found '<stream end>'"]),
     ("- a\n- b\n", ["the file must hold a mapping (name: ..., nodes: ...)"]),
     (BASE + "name: d\n", ["line 8, column 1: duplicate key 'name'"]),
-    (BASE + "colour: red\n", [
-        "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
-        " nodes, model, vllm, ray, env)"
-    ]),
-    (BASE.replace("ip: 10.0.0.2}", "ip: 10.0.0.2, ipp: 1}"), [
-        "nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)"
-    ]),
-    (BASE + "vllm: {tp: 2}\n", [
-        "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size,"
-        " gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy,"
-        " master_port, startup_timeout, args)"
-    ]),
-    (BASE.replace("name: c", "name: My Cluster"), [
-        "name: 'My Cluster' is not allowed: use 1-63 lowercase letters, digits, '-' or '_',"
-        " starting with a letter or digit"
-    ]),
-    (BASE.replace("name: a,", "name: ../etc,"), [
-        "nodes.0.name: '../etc' is not allowed: use 1-63 lowercase letters, digits, '-' or '_',"
-        " starting with a letter or digit"
-    ]),
+    (
+        BASE + "colour: red\n",
+        [
+            "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
+            " nodes, model, vllm, ray, env)"
+        ],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.2}", "ip: 10.0.0.2, ipp: 1}"),
+        ["nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)"],
+    ),
+    (
+        BASE + "vllm: {tp: 2}\n",
+        [
+            "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size,"
+            " gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy,"
+            " master_port, startup_timeout, args)"
+        ],
+    ),
+    (
+        BASE.replace("name: c", "name: My Cluster"),
+        [
+            "name: 'My Cluster' is not allowed: use 1-63 lowercase letters, digits, '-' or '_',"
+            " starting with a letter or digit"
+        ],
+    ),
+    (
+        BASE.replace("name: a,", "name: ../etc,"),
+        [
+            "nodes.0.name: '../etc' is not allowed: use 1-63 lowercase letters, digits, '-' or '_',"
+            " starting with a letter or digit"
+        ],
+    ),
     (BASE.replace("10.0.0.2", "10.0.0.300"), ["nodes.1.ip: Input is not a valid IPv4 address"]),
-    (BASE.replace("10.0.0.2", "10.0.0.1"), [
-        "nodes.1.ip: 10.0.0.1 is already used by node 'a'"
-    ]),
-    (BASE.replace("name: b,", "name: a,"), [
-        "nodes.1.name: a is already used by node 'a'",
-        "nodes.1.context: a is already used by node 'a'",
-    ]),
-    (BASE.replace("ip: 10.0.0.2}", "ip: 10.0.0.2, context: a}"), [
-        "nodes.1.context: a is already used by node 'a'"
-    ]),
-    (BASE.replace("nodes:", "nodes: []\nx:").replace("x:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.2}\n", ""), [
-        "nodes: List should have at least 1 item after validation, not 0"
-    ]),
-    (BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, role: head}").replace("ip: 10.0.0.2}", "ip: 10.0.0.2, role: head}"), [
-        "nodes.1.role: a second head; only one node may say 'role: head'"
-    ]),
-    (BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, role: boss}"), [
-        "nodes.0.role: Input should be 'head' or 'worker'"
-    ]),
-    (BASE.replace("interface: eth0\n", ""), [
-        "nodes.0.interface: no interface for node 'a'; set `interface` at the top level or on the node",
-        "nodes.1.interface: no interface for node 'b'; set `interface` at the top level or on the node",
-    ]),
-    (BASE.replace("interface: eth0", "interface: a-very-long-interface-name"), [
-        "interface: 'a-very-long-interface-name' is not allowed: an interface name has 1-15"
-        " letters, digits, '_', '.', ':' or '-'"
-    ]),
-    (BASE + "vllm: {tensor_parallel_size: 4}\n", [
-        "vllm.tensor_parallel_size: TP 4 x PP 1 = 4 GPUs asked for, the nodes have 2"
-    ]),
-    (BASE + "vllm: {tensor_parallel_size: 2, pipeline_parallel_size: 2}\n", [
-        "vllm.tensor_parallel_size: TP 2 x PP 2 = 4 GPUs asked for, the nodes have 2"
-    ]),
-    (BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: 0}"), [
-        "nodes.0.gpus: Input should be greater than or equal to 1"
-    ]),
-    (BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: '2'}"), [
-        "nodes.0.gpus: Input should be a valid integer"
-    ]),
-    (BASE + "vllm: {gpu_memory_utilization: 1.5}\n", [
-        "vllm.gpu_memory_utilization: Input should be less than or equal to 1"
-    ]),
+    (BASE.replace("10.0.0.2", "10.0.0.1"), ["nodes.1.ip: 10.0.0.1 is already used by node 'a'"]),
+    (
+        BASE.replace("name: b,", "name: a,"),
+        [
+            "nodes.1.name: a is already used by node 'a'",
+            "nodes.1.context: a is already used by node 'a'",
+        ],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.2}", "ip: 10.0.0.2, context: a}"),
+        ["nodes.1.context: a is already used by node 'a'"],
+    ),
+    (
+        BASE.replace("nodes:", "nodes: []\nx:").replace(
+            "x:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.2}\n", ""
+        ),
+        ["nodes: List should have at least 1 item after validation, not 0"],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, role: head}").replace(
+            "ip: 10.0.0.2}", "ip: 10.0.0.2, role: head}"
+        ),
+        ["nodes.1.role: a second head; only one node may say 'role: head'"],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, role: boss}"),
+        ["nodes.0.role: Input should be 'head' or 'worker'"],
+    ),
+    (
+        BASE.replace("interface: eth0\n", ""),
+        [
+            "nodes.0.interface: no interface for node 'a'; set `interface` at the top level or on the node",
+            "nodes.1.interface: no interface for node 'b'; set `interface` at the top level or on the node",
+        ],
+    ),
+    (
+        BASE.replace("interface: eth0", "interface: a-very-long-interface-name"),
+        [
+            "interface: 'a-very-long-interface-name' is not allowed: an interface name has 1-15"
+            " letters, digits, '_', '.', ':' or '-'"
+        ],
+    ),
+    (
+        BASE + "vllm: {tensor_parallel_size: 4}\n",
+        ["vllm.tensor_parallel_size: TP 4 x PP 1 = 4 GPUs asked for, the nodes have 2"],
+    ),
+    (
+        BASE + "vllm: {tensor_parallel_size: 2, pipeline_parallel_size: 2}\n",
+        ["vllm.tensor_parallel_size: TP 2 x PP 2 = 4 GPUs asked for, the nodes have 2"],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: 0}"),
+        ["nodes.0.gpus: Input should be greater than or equal to 1"],
+    ),
+    (
+        BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: '2'}"),
+        ["nodes.0.gpus: Input should be a valid integer"],
+    ),
+    (
+        BASE + "vllm: {gpu_memory_utilization: 1.5}\n",
+        ["vllm.gpu_memory_utilization: Input should be less than or equal to 1"],
+    ),
     (BASE + "vllm: {port: 70000}\n", ["vllm.port: Input should be less than or equal to 65535"]),
-    (BASE + "vllm: {args: [--tensor-parallel-size, '2']}\n", [
-        "vllm.args.0: --tensor-parallel-size has a named field (tensor_parallel_size); set it there"
-    ]),
-    (BASE + "vllm: {args: ['--port=9000']}\n", [
-        "vllm.args.0: --port has a named field (port); set it there"
-    ]),
-    (BASE + "vllm: {args: [--max-num-seqs, 8]}\n", [
-        "vllm.args.1: expected a string, got 8; quote it in the YAML"
-    ]),
-    (BASE + "env: {VLLM_HOST_IP: 10.0.0.9}\n", [
-        "env.VLLM_HOST_IP: set per node by vllm-compose from nodes[].ip / interface; remove it here"
-    ]),
-    (BASE + "env: {'BAD KEY': x}\n", [
-        "env.BAD KEY.[key]: 'BAD KEY' is not allowed: a variable name has letters, digits and '_',"
-        " not starting with a digit"
-    ]),
-    (BASE.replace("/models/m", "models/m"), [
-        "model.path: 'models/m' is not allowed: expected an absolute path without ':' or control"
-        " characters"
-    ]),
-    (BASE.replace("vllm/vllm-openai:v0.32.0", "'vllm openai'"), [
-        "image: 'vllm openai' is not allowed: expected an image reference like registry/name:tag"
-        " or name@sha256:<digest>"
-    ]),
+    (
+        BASE + "vllm: {args: [--tensor-parallel-size, '2']}\n",
+        [
+            "vllm.args.0: --tensor-parallel-size has a named field (tensor_parallel_size); set it there"
+        ],
+    ),
+    (
+        BASE + "vllm: {args: ['--port=9000']}\n",
+        ["vllm.args.0: --port has a named field (port); set it there"],
+    ),
+    (
+        BASE + "vllm: {args: [--max-num-seqs, 8]}\n",
+        ["vllm.args.1: expected a string, got 8; quote it in the YAML"],
+    ),
+    (
+        BASE + "env: {VLLM_HOST_IP: 10.0.0.9}\n",
+        [
+            "env.VLLM_HOST_IP: set per node by vllm-compose from nodes[].ip / interface; remove it here"
+        ],
+    ),
+    (
+        BASE + "env: {'BAD KEY': x}\n",
+        [
+            "env.BAD KEY.[key]: 'BAD KEY' is not allowed: a variable name has letters, digits and '_',"
+            " not starting with a digit"
+        ],
+    ),
+    (
+        BASE.replace("/models/m", "models/m"),
+        [
+            "model.path: 'models/m' is not allowed: expected an absolute path without ':' or control"
+            " characters"
+        ],
+    ),
+    (
+        BASE.replace("vllm/vllm-openai:v0.32.0", "'vllm openai'"),
+        [
+            "image: 'vllm openai' is not allowed: expected an image reference like registry/name:tag"
+            " or name@sha256:<digest>"
+        ],
+    ),
     (BASE + "backend: mpi\n", ["backend: Input should be 'ray' or 'native'"]),
     (BASE + "profile: dgx\n", ["profile: Input should be 'generic' or 'dgx-spark'"]),
     (BASE.replace("model: {path: /models/m}\n", ""), ["model: Field required"]),
@@ -171,7 +226,9 @@ BROKEN = [
 
 
 @pytest.mark.parametrize(("text", "expected"), BROKEN, ids=[str(i) for i in range(len(BROKEN))])
-def test_broken_config_is_rejected_with_one_line_per_problem(text: str, expected: list[str]) -> None:
+def test_broken_config_is_rejected_with_one_line_per_problem(
+    text: str, expected: list[str]
+) -> None:
     assert problems(text) == expected
 
 
@@ -179,4 +236,6 @@ def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         config.load(tmp_path / "missing.yaml")
     assert caught.value.message == f"{tmp_path / 'missing.yaml'} is invalid:"
-    assert caught.value.problems[0].startswith("cannot read it: [Errno 2] No such file or directory")
+    assert caught.value.problems[0].startswith(
+        "cannot read it: [Errno 2] No such file or directory"
+    )

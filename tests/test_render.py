@@ -51,7 +51,10 @@ def compose_config(folder: Path) -> dict:
     """`docker compose config` (needs no engine): validates and normalises the file."""
     result = subprocess.run(
         ["docker", "compose", "config", "--format", "json"],
-        cwd=folder, capture_output=True, text=True, check=False,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -78,12 +81,27 @@ def test_ray_stack_orders_and_addresses_every_node(tmp_path: Path) -> None:
     output.apply(output.plan(rendered("four-node-pp"), tmp_path))
     head = compose_config(tmp_path / "node-b")["services"]
     assert set(head) == {"ray", "serve"}
-    assert head["ray"]["command"][:5] == ["ray", "start", "--block", "--node-ip-address", "10.10.0.2"]
+    assert head["ray"]["command"][:5] == [
+        "ray",
+        "start",
+        "--block",
+        "--node-ip-address",
+        "10.10.0.2",
+    ]
     assert head["serve"]["depends_on"]["ray"]["condition"] == "service_healthy"
     assert head["serve"]["command"][:12] == [
-        "vllm", "serve", "/srv/models/Llama-3.1-405B-FP8",
-        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
-        "--gpu-memory-utilization", "0.85", "--port", "8000", "--served-model-name",
+        "vllm",
+        "serve",
+        "/srv/models/Llama-3.1-405B-FP8",
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--port",
+        "8000",
+        "--served-model-name",
     ]
     assert "--expect" in head["ray"]["healthcheck"]["test"]
     expected = "10.10.0.1,10.10.0.2,10.10.0.3,10.10.0.4"
@@ -111,8 +129,15 @@ def test_native_stack_has_rank_zero_with_api_and_headless_workers(tmp_path: Path
     head = compose_config(tmp_path / "spark-1")["services"]["serve"]["command"]
     worker = compose_config(tmp_path / "spark-2")["services"]["serve"]["command"]
     assert head[-9:] == [
-        "--nnodes", "2", "--node-rank", "0", "--master-addr", "192.168.200.12",
-        "--master-port", "29600", "--enforce-eager",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "192.168.200.12",
+        "--master-port",
+        "29600",
+        "--enforce-eager",
     ]
     assert head[head.index("--node-rank") + 1] == "0"
     assert "--headless" not in head
@@ -126,7 +151,7 @@ HOSTILE = [
     "$(touch /tmp/pwned)",
     "${HOME}",
     "$HOME",
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "a: #b",
     "line1\nline2: injected",
     "- list",
@@ -151,13 +176,18 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     # nothing was interpolated (`${HOME}` would have become a path). The engine test checks that
     # a running container receives the plain string.
     escaped = [v.replace("$", "$$") for v in HOSTILE]
-    for node, keys in (("spark-1", {"name", "services", "volumes"}), ("spark-2", {"name", "services"})):
+    for node, keys in (
+        ("spark-1", {"name", "services", "volumes"}),
+        ("spark-2", {"name", "services"}),
+    ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys
         normalised = compose_config(tmp_path / node)
         for name in parsed["services"]:
-            assert [parsed["services"][name]["environment"][f"V{i}"] for i in range(len(HOSTILE))] == escaped
+            assert [
+                parsed["services"][name]["environment"][f"V{i}"] for i in range(len(HOSTILE))
+            ] == escaped
             env = normalised["services"][name]["environment"]
             assert [env[f"V{i}"] for i in range(len(HOSTILE))] == escaped
     serve = compose_config(tmp_path / "spark-1")["services"]["serve"]
-    assert serve["command"][-len(HOSTILE):] == escaped
+    assert serve["command"][-len(HOSTILE) :] == escaped
