@@ -1,4 +1,4 @@
-"""Config -> the files of every node's folder. Pure: reads only the packaged templates and assets."""
+"""Config -> the files of every node's folder. Pure: reads only packaged templates and assets."""
 
 from __future__ import annotations
 
