@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from generator import __version__, config, output, reference, render
-from generator.errors import VllmComposeError
+from generator import __version__, config, deploy, output, reference, render
+from generator.errors import DockerError, VllmComposeError
 
 app = typer.Typer(
     help="Render and run per-node Docker Compose stacks for one vLLM model across several nodes.",
@@ -22,65 +23,138 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The cluster config (YAML).", show_default=False)]
+OutdirOpt = Annotated[
+    Path | None, typer.Option("-o", "--output", help="Compose folders [default: compose/NAME].")
+]
 
 
 def _load(path: Path) -> config.Cluster:
     cluster = config.load(path)
     for warning in config.warnings(cluster):
-        err.print(f"[yellow]warning:[/] {warning}", markup=True)
+        err.print(f"warning: {warning}", markup=False)
     return cluster
 
 
-def default_outdir(cluster: config.Cluster) -> Path:
-    return Path("compose") / cluster.name
+def _progress(line: str) -> None:
+    err.print(f"  {line}", markup=False)
 
 
-@app.command()
-def validate(path: ConfigArg) -> None:
-    """Check a config; print the nodes and their roles."""
-    cluster = _load(path)
-    out.print(
-        f"{path}: valid; backend {cluster.backend}, TP {cluster.tensor_parallel_size}"
-        f" x PP {cluster.vllm.pipeline_parallel_size} over {cluster.gpu_total} GPUs"
-    )
-    for node in cluster.nodes:
-        role = "head" if node == cluster.head else "worker"
-        out.print(
-            f"  {node.name}: {role}, {node.ip} on {cluster.interface_of(node)},"
-            f" context {node.docker_context}"
-        )
-
-
-@app.command("render")
-def render_cmd(
-    path: ConfigArg,
-    outdir: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Output folder [default: compose/NAME].")
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show the plan and diffs only.")
-    ] = False,
-) -> None:
-    """Render one compose folder per node."""
-    cluster = _load(path)
-    target = outdir or default_outdir(cluster)
+def _render(path: Path, cluster: config.Cluster, outdir: Path | None, dry_run: bool = False,
+            quiet: bool = True) -> Path:
+    target = outdir or Path("compose") / cluster.name
     files = render.render(cluster, path.name)
     changes = output.plan(files, target)
     for change in changes:
-        out.print(f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}")
+        if not (quiet and change.action == "identical"):
+            out.print(f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}")
         if dry_run and change.action != "identical":
             out.print(change.diff(), end="", markup=False)
     for folder in output.stale(files, target):
         err.print(f"note: {folder} is not a node of {cluster.name} any more; left as it is")
     if not dry_run:
         output.apply(changes)
+    return target
+
+
+def _deployment(path: Path, outdir: Path | None) -> deploy.Deployment:
+    cluster = _load(path)
+    return deploy.Deployment(cluster, _render(path, cluster, outdir), _progress)
+
+
+@app.command()
+def validate(path: ConfigArg) -> None:
+    """Check a config; print the nodes and their roles."""
+    c = _load(path)
+    parallel = f"TP {c.tensor_parallel_size} x PP {c.vllm.pipeline_parallel_size}"
+    out.print(f"{path}: valid; backend {c.backend}, {parallel} over {c.gpu_total} GPUs")
+    for node in c.nodes:
+        role = "head" if node == c.head else "worker"
+        where = f"{node.ip} on {c.interface_of(node)}, context {node.docker_context}"
+        out.print(f"  {node.name}: {role}, {where}")
+
+
+@app.command("render")
+def render_cmd(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and diffs only.")] = False,
+) -> None:
+    """Render one compose folder per node."""
+    _render(path, _load(path), outdir, dry_run, quiet=False)
+
+
+@app.command()
+def up(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    join_timeout: Annotated[int, typer.Option(help="Seconds for the workers to join Ray.")] = 300,
+    serve_timeout: Annotated[
+        int | None, typer.Option(help="Seconds for serve's gate [default: vllm.startup_timeout].")
+    ] = None,
+) -> None:
+    """Render, then start every node over its context: head's Ray, workers' Ray, serve."""
+    deployment = _deployment(path, outdir)
+    result = deployment.up(deploy.Timeouts(join=join_timeout, serve=serve_timeout))
+    for node, what in result.images.items():
+        out.print(f"image on {node}: {what}")
+    out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
+    out.print(f"ready: {result.endpoint}")
+
+
+@app.command()
+def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Stop and remove the stack on every node, in parallel, volumes included."""
+    outcome = _deployment(path, outdir).down()
+    for node, what in outcome.items():
+        out.print(f"{node}: {what}")
+    failed = [node for node, what in outcome.items() if what != "removed"]
+    if failed:
+        raise DockerError(failed[0], f"not cleaned ({len(failed)} of {len(outcome)} nodes failed)")
+
+
+@app.command()
+def status(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Per node: its services and their health, and whether Ray sees the node at its IP."""
+    rows = _deployment(path, outdir).status()
+    if as_json:
+        out.print(json.dumps(rows, indent=2), markup=False)
+        return
+    for row in rows:
+        out.print(_status_line(row), markup=False)
+        for s in row["services"]:
+            health = f", {s['health']}" if s["health"] else ""
+            out.print(f"  {s['service']}: {s['state']}{health}", markup=False)
+
+
+def _status_line(row: dict[str, Any]) -> str:
+    ray = {True: ", alive in Ray at its IP", False: ", NOT alive in Ray at its IP"}
+    line = f"{row['node']} ({row['ip']}){ray.get(row.get('ray_alive_at_ip'), '')}"
+    return f"{line}: unreachable: {row['error']}" if "error" in row else line
+
+
+@app.command()
+def logs(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+) -> None:
+    """Logs of every node's services, merged, each line prefixed by its node."""
+    deployment = _deployment(path, outdir)
+    names = [n.name for n in deployment.cluster.nodes]
+    if node is not None and node not in names:
+        raise VllmComposeError(f"no node '{node}' in {path}", f"nodes: {', '.join(names)}")
+    for line in deployment.logs(node, follow):
+        out.print(line, markup=False)
 
 
 @app.command()
 def schema(
-    markdown: Annotated[
-        bool, typer.Option("--markdown", help="The README's table instead.")
-    ] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="The README's table instead.")] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""
     out.print(reference.markdown() if markdown else reference.schema(), end="", markup=False)

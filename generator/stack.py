@@ -28,6 +28,9 @@ class Service:
     command: list[str]
     health: Health | None
     depends_on: str | None = None
+    # Ray >= 2.5x finds the local raylet by scanning processes: a driver in another container must
+    # see the head's processes, not only its /tmp/ray sockets (FAILURES #13).
+    pid_of: str | None = None
     volumes: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
 
@@ -140,6 +143,7 @@ class NodeStack:
             cmd,
             self._serve_health(),
             depends_on="ray",
+            pid_of="ray",
             volumes=[f"ray-tmp:{RAY_TMP}"],
             environment={"RAY_ADDRESS": self.gcs_address},
         )

@@ -5,6 +5,8 @@
       healthy when every expected IP is an alive Ray node and the cluster has at least N GPUs
   serve --port P --model NAME
       healthy when a real completion (max_tokens 1) comes back: /health stays 200 with a dead engine
+  nodes --address HOST:PORT
+      prints the alive Ray nodes as JSON: {"IP": GPUs}
   wait-for HOST:PORT --seconds S
       waits until a TCP connection to HOST:PORT succeeds
 """
@@ -38,6 +40,14 @@ def check_ray(args):
     gpus = sum(nodes.values())
     if gpus < args.gpus:
         return f"Ray cluster has {gpus:g} GPUs, {args.gpus} expected"
+    return None
+
+
+def print_nodes(args):
+    try:
+        print(json.dumps(alive_nodes(args.address), sort_keys=True))
+    except Exception as e:  # noqa: BLE001
+        return f"Ray GCS at {args.address} does not answer: {e}"
     return None
 
 
@@ -78,16 +88,19 @@ def main():
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--model", required=True)
     serve.add_argument("--timeout", type=float, default=30)
+    nodes = sub.add_parser("nodes")
+    nodes.add_argument("--address", required=True)
     wait = sub.add_parser("wait-for")
     wait.add_argument("target")
     wait.add_argument("--seconds", type=float, default=300)
     args = parser.parse_args()
-    check = {"ray": check_ray, "serve": check_serve, "wait-for": wait_for}[args.check]
-    problem = check(args)
+    checks = {"ray": check_ray, "nodes": print_nodes, "serve": check_serve, "wait-for": wait_for}
+    problem = checks[args.check](args)
     if problem:
         print(f"vllm-compose-health: {problem}", file=sys.stderr)
         sys.exit(1)
-    print(f"vllm-compose-health: {args.check} ok")
+    if args.check != "nodes":
+        print(f"vllm-compose-health: {args.check} ok")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the same plus real Ray. Built once per engine and kept; rebuilt whenever missing
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ CACHE = Path("/var/cache/vllm-compose-test")
 DEBIAN = "vllm-compose-test/debian:bookworm"
 RAY = "vllm-compose-test/ray:2.58.0"
 RAY_VERSION = "2.58.0"
+STANDIN = "vllm-compose-test/ray-standin:2.58.0"
 
 RAY_DOCKERFILE = f"""\
 FROM {DEBIAN}
@@ -88,3 +90,16 @@ def ray_base(docker: DockerClient) -> str:
             subprocess.run(["cp", "-a", str(_ray_site()), f"{context}/site"], check=True)
             docker.legacy_build(context, tags=[RAY])
     return RAY
+
+
+def standin_base(docker: DockerClient) -> str:
+    """Ray plus the STAND-IN `vllm` (tests/standin_vllm.py) for the Ray-backend deploy tests."""
+    ray_base(docker)
+    if not docker.image.exists(STANDIN):
+        with tempfile.TemporaryDirectory() as context:
+            shutil.copy(Path(__file__).parent / "standin_vllm.py", f"{context}/vllm")
+            (Path(context) / "Dockerfile").write_text(
+                f"FROM {RAY}\nCOPY vllm /usr/local/bin/vllm\nRUN chmod +x /usr/local/bin/vllm\n"
+            )
+            docker.legacy_build(context, tags=[STANDIN])
+    return STANDIN

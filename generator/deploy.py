@@ -1,0 +1,315 @@
+"""Bring a cluster up, down, and look at it, over each node's Docker context (python-on-whales).
+
+up: contexts answer -> wrapper image on every node -> the head's Ray -> the workers' Ray (parallel)
+    -> serve behind its health gate. Each phase has its own timeout and is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from python_on_whales import DockerClient, DockerException
+
+from generator import images
+from generator.config import Cluster, Node
+from generator.errors import DockerError, PhaseError
+from generator.render import wrapper_tag
+
+T = TypeVar("T")
+Report = Callable[[str], None]
+LOG_TAIL = 20
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    contexts: int = 30
+    ray_head: int = 120
+    join: int = 300  # workers' Ray joining the head
+    serve: int | None = None  # default: the config's vllm.startup_timeout
+
+
+@dataclass
+class Result:
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    images: dict[str, str] = field(default_factory=dict)
+    endpoint: str = ""
+
+
+def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
+    return DockerClient(
+        context=node.docker_context,
+        compose_files=[outdir / node.name / "compose.yaml"],
+        compose_project_name=cluster.name,
+    )
+
+
+def parallel(
+    phase: str, work: dict[str, Callable[[], T]], timeout: float, report: Report
+) -> dict[str, T]:
+    """Run one callable per node at once; report progress every few seconds; the first failure
+    (or the deadline) becomes a PhaseError naming the node."""
+    pool = ThreadPoolExecutor(max_workers=max(1, len(work)))
+    futures: dict[str, Future[T]] = {name: pool.submit(fn) for name, fn in work.items()}
+    start = time.monotonic()
+    try:
+        while True:
+            pending = [n for n, f in futures.items() if not f.done()]
+            failed = [n for n, f in futures.items() if f.done() and f.exception()]
+            if failed:
+                raise _phase_error(phase, failed[0], futures[failed[0]].exception())
+            if not pending:
+                return {n: f.result() for n, f in futures.items()}
+            elapsed = time.monotonic() - start
+            if elapsed > timeout:
+                raise PhaseError(pending[0], phase, f"timed out after {timeout:g} s")
+            try:
+                futures[pending[0]].result(timeout=min(5.0, timeout - elapsed + 0.1))
+            except FutureTimeout:
+                report(f"{phase}: waiting for {', '.join(pending)} ({elapsed:.0f} s)")
+            except Exception:  # noqa: BLE001, S110 - surfaced on the next turn of the loop
+                pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseError:
+    if isinstance(error, PhaseError):
+        return error
+    if isinstance(error, DockerError):
+        return PhaseError(node, phase, error.message, error.detail)
+    if isinstance(error, DockerException):
+        return PhaseError(node, phase, _last_line(error.stderr), error.stderr or "")
+    return PhaseError(node, phase, str(error))
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "docker failed"
+
+
+class Deployment:
+    def __init__(self, cluster: Cluster, outdir: Path, report: Report) -> None:
+        self.cluster = cluster
+        self.outdir = outdir
+        self.report = report
+        self.docker = {n.name: client(cluster, n, outdir) for n in cluster.nodes}
+
+    # up
+
+    def up(self, timeouts: Timeouts = Timeouts()) -> Result:
+        result = Result()
+        c = self.cluster
+        self._phase(result, "contexts", lambda: self._contexts_answer(timeouts.contexts))
+        self._phase(result, "image", lambda: result.images.update(self._images()))
+        if c.backend == "ray":
+            self._phase(result, "ray-head", lambda: self._ray_head(timeouts.ray_head))
+            self._phase(result, "ray-workers", lambda: self._workers_up(timeouts.join))
+        else:
+            self._phase(result, "ranks", lambda: self._workers_up(None))
+        serve_timeout = timeouts.serve or c.vllm.startup_timeout
+        self._phase(result, "serve", lambda: self._serve_up(serve_timeout))
+        result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
+        return result
+
+    def _phase(self, result: Result, name: str, fn: Callable[[], object]) -> None:
+        self.report(f"{name} ...")
+        start = time.monotonic()
+        fn()
+        result.phases.append((name, time.monotonic() - start))
+
+    def _contexts_answer(self, timeout: float) -> None:
+        def probe(node: Node) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    self.docker[node.name].system.info()
+                except DockerException as e:
+                    raise DockerError(
+                        node.name,
+                        f"context '{node.docker_context}' does not answer",
+                        e.stderr or "",
+                        hint=f"docker --context {node.docker_context} info",
+                    ) from None
+
+            return run
+
+        parallel("contexts", {n.name: probe(n) for n in self.cluster.nodes}, timeout, self.report)
+
+    def _images(self) -> dict[str, str]:
+        targets = [
+            images.Target(n.name, self.docker[n.name], self.outdir / n.name)
+            for n in self.cluster.nodes
+        ]
+        try:
+            return images.distribute(
+                targets, wrapper_tag(self.cluster), self.cluster.image, self.report
+            )
+        except DockerError as e:
+            raise PhaseError(e.node, "image", e.message, e.detail) from None
+
+    def _ray_head(self, timeout: float) -> None:
+        head = self.cluster.head
+        docker = self.docker[head.name]
+        self._compose_up(head, ["ray"], wait=None, phase="ray-head")
+        gcs = f"{head.ip}:{self.cluster.ray.port}"
+        probe = ["vllm-compose-health", "ray", "--address", gcs, "--expect", str(head.ip)]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                docker.compose.execute("ray", probe, tty=False)
+                return
+            except DockerException as e:
+                if time.monotonic() > deadline:
+                    raise PhaseError(
+                        head.name, "ray-head", _last_line(e.stderr), self._tail(head, "ray")
+                    ) from None
+            self.report(f"ray-head: waiting for Ray's GCS at {gcs}")
+            time.sleep(2)
+
+    def _workers_up(self, timeout: int | None) -> None:
+        work = {
+            n.name: (lambda n=n: self._compose_up(n, None, wait=timeout, phase="ray-workers"))
+            for n in self.cluster.workers
+        }
+        if work:
+            parallel(
+                "ray-workers" if timeout else "ranks", work, (timeout or 120) + 30, self.report
+            )
+
+    def _serve_up(self, timeout: int) -> None:
+        head = self.cluster.head
+        parallel(
+            "serve",
+            {head.name: lambda: self._compose_up(head, None, timeout, "serve")},
+            timeout + 30,
+            self.report,
+        )
+
+    def _compose_up(
+        self, node: Node, services: list[str] | None, wait: int | None, phase: str
+    ) -> None:
+        try:
+            self.docker[node.name].compose.up(
+                services,
+                detach=True,
+                wait=wait is not None,
+                wait_timeout=wait,
+                quiet=True,
+                pull="never",
+            )
+        except DockerException as e:
+            raise PhaseError(
+                node.name, phase, _last_line(e.stderr), self._failing_tail(node)
+            ) from None
+
+    def _failing_tail(self, node: Node) -> str:
+        """The last log lines of the node's service that is not running or not healthy."""
+        for container in self.docker[node.name].compose.ps(all=True):
+            state = container.state
+            health = state.health.status if state.health else None
+            if not state.running or health == "unhealthy" or health == "starting":
+                service = container.config.labels.get("com.docker.compose.service", container.name)
+                last = (
+                    state.health.log[-1].output.strip() if state.health and state.health.log else ""
+                )
+                check = f"health check: {last}\n" if last else ""
+                return (
+                    f"{check}last lines of {service} on {node.name}:\n{self._tail(node, service)}"
+                )
+        return ""
+
+    def _tail(self, node: Node, service: str) -> str:
+        try:
+            return self.docker[node.name].compose.logs(
+                [service], tail=str(LOG_TAIL), no_log_prefix=True
+            )
+        except DockerException as e:
+            return f"(logs unavailable: {_last_line(e.stderr)})"
+
+    # down
+
+    def down(self) -> dict[str, str]:
+        """Every node in parallel; node -> 'removed' or the reason it could not be cleaned."""
+        outcome: dict[str, str] = {}
+
+        def one(node: Node) -> None:
+            try:
+                self.docker[node.name].compose.down(remove_orphans=True, volumes=True, quiet=True)
+                outcome[node.name] = "removed"
+            except DockerException as e:
+                outcome[node.name] = f"failed: {_last_line(e.stderr)}"
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in self.cluster.nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return {n.name: outcome[n.name] for n in self.cluster.nodes}
+
+    # status and logs
+
+    def status(self) -> list[dict[str, object]]:
+        alive = self._ray_nodes() if self.cluster.backend == "ray" else {}
+        rows: list[dict[str, object]] = []
+        for node in self.cluster.nodes:
+            row: dict[str, object] = {"node": node.name, "ip": str(node.ip), "services": []}
+            try:
+                for container in self.docker[node.name].compose.ps(all=True):
+                    state = container.state
+                    row["services"].append(
+                        {  # type: ignore[attr-defined]
+                            "service": container.config.labels.get("com.docker.compose.service"),
+                            "state": state.status,
+                            "health": state.health.status if state.health else None,
+                        }
+                    )
+            except DockerException as e:
+                row["error"] = _last_line(e.stderr)
+            if self.cluster.backend == "ray":
+                row["ray_alive_at_ip"] = str(node.ip) in alive if alive is not None else None
+            rows.append(row)
+        return rows
+
+    def _ray_nodes(self) -> dict[str, float] | None:
+        head = self.cluster.head
+        gcs = f"{head.ip}:{self.cluster.ray.port}"
+        try:
+            out = self.docker[head.name].compose.execute(
+                "ray", ["vllm-compose-health", "nodes", "--address", gcs], tty=False
+            )
+            return dict(json.loads(out or "{}"))
+        except (DockerException, ValueError):
+            return None
+
+    def logs(self, node: str | None, follow: bool) -> Iterator[str]:
+        """Lines of every node's services (or one node's), each prefixed by its node."""
+        nodes = [n for n in self.cluster.nodes if node in (None, n.name)]
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(n: Node) -> None:
+            try:
+                for _, chunk in self.docker[n.name].compose.logs(follow=follow, stream=True):
+                    for line in chunk.decode(errors="replace").splitlines():
+                        lines.put(f"{n.name} | {line}")
+            except DockerException as e:
+                lines.put(f"{n.name} | (logs unavailable: {_last_line(e.stderr)})")
+            finally:
+                lines.put(None)
+
+        for n in nodes:
+            threading.Thread(target=pump, args=(n,), daemon=True).start()
+        done = 0
+        while done < len(nodes):
+            line = lines.get()
+            if line is None:
+                done += 1
+            else:
+                yield line

@@ -1,0 +1,117 @@
+"""The wrapper image on every node: built there from the node's base image (pulled when missing
+and pullable), else streamed from a node that has it. A node that has the image moves nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from python_on_whales import DockerClient, DockerException
+
+from generator.errors import DockerError
+
+Report = Callable[[str], None]
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    docker: DockerClient
+    folder: Path  # the node's rendered folder: the wrapper's build context
+
+
+def ensure(target: Target, tag: str, base: str) -> str:
+    """'present', 'built', or 'no-base' (the node cannot get the base: it needs a transfer)."""
+    if target.docker.image.exists(tag):
+        return "present"
+    if not target.docker.image.exists(base):
+        try:
+            target.docker.image.pull(base, quiet=True)
+        except DockerException:
+            return "no-base"
+    try:
+        target.docker.legacy_build(target.folder, build_args={"BASE_IMAGE": base}, tags=[tag])
+    except DockerException as e:
+        raise DockerError(target.name, f"building {tag} from {base} failed", e.stderr or "") from e
+    return "built"
+
+
+def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
+    """`docker save | docker load` between two contexts, with progress; returns bytes moved."""
+    size = source.docker.image.inspect(tag).size
+    save = subprocess.Popen(
+        [*source.docker.client_config.docker_cmd, "save", tag], stdout=subprocess.PIPE
+    )
+    load = subprocess.Popen(
+        [*dest.docker.client_config.docker_cmd, "load", "-q"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    moved = _pump(save, load, lambda n: report(_progress(tag, source, dest, n, size)))
+    save.wait()
+    _, err = load.communicate()
+    if save.returncode or load.returncode:
+        raise DockerError(
+            dest.name, f"loading {tag} from node '{source.name}' failed", err.decode()
+        )
+    want, got = source.docker.image.inspect(tag).id, dest.docker.image.inspect(tag).id
+    if want != got:
+        raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")
+    return moved
+
+
+def _pump(
+    save: subprocess.Popen[bytes], load: subprocess.Popen[bytes], tick: Callable[[int], None]
+) -> int:
+    assert save.stdout and load.stdin
+    moved, last = 0, time.monotonic()
+    with save.stdout, load.stdin:
+        while chunk := save.stdout.read(CHUNK):
+            load.stdin.write(chunk)
+            moved += len(chunk)
+            if time.monotonic() - last > 2:
+                tick(moved)
+                last = time.monotonic()
+    return moved
+
+
+def _progress(tag: str, source: Target, dest: Target, moved: int, size: int) -> str:
+    return f"image: {tag} {source.name} -> {dest.name}: {moved >> 20} / ~{size >> 20} MiB"
+
+
+def distribute(targets: list[Target], tag: str, base: str, report: Report) -> dict[str, str]:
+    """Every node ends with `tag`; returns node -> what happened ('present', 'built', 'streamed')."""
+    outcome: dict[str, str] = {}
+    errors: list[DockerError] = []
+
+    def one(t: Target) -> None:
+        try:
+            outcome[t.name] = ensure(t, tag, base)
+        except DockerError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    have = [t for t in targets if outcome[t.name] != "no-base"]
+    for t in (t for t in targets if outcome[t.name] == "no-base"):
+        if not have:
+            raise DockerError(
+                t.name,
+                f"base image {base} is not there and cannot be pulled; no node has {tag}",
+                hint=f"docker save {base} | docker --context <node> load",
+            )
+        moved = stream(tag, have[0], t, report)
+        report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
+        outcome[t.name] = "streamed"
+    return outcome

@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""STAND-IN for `vllm serve`, used only in the Ray-backend deploy tests' image (the real vLLM CPU
+build refuses the Ray executor). It does what the deploy path depends on and nothing more: attaches
+to the head's Ray session as a driver, checks that the cluster has the GPUs TP x PP asks for, and
+answers the OpenAI completion route. It never pretends to generate: the text is fixed and says so.
+"""
+
+import argparse
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("model")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--served-model-name")
+    args, _ = parser.parse_known_args()
+
+    import ray
+
+    ray.init(address="auto")  # the head's session, through the shared /tmp/ray
+    gpus = ray.cluster_resources().get("GPU", 0)
+    needed = args.tensor_parallel_size * args.pipeline_parallel_size
+    if gpus < needed:
+        sys.exit(f"stand-in vllm: Ray cluster has {gpus:g} GPUs, TP x PP needs {needed}")
+    nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+    print(f"stand-in vllm: attached to Ray, nodes {nodes}, serving on :{args.port}", flush=True)
+    name = args.served_model_name or args.model
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._send({"object": "list", "data": [{"id": name}]} if "models" in self.path else {})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._send({"model": name, "choices": [{"index": 0, "text": "stand-in"}],
+                        "ray_nodes": nodes})
+
+        def _send(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""The multi-node testbed: emulated nodes on one machine, each a network namespace with its own
+Docker engine, Docker context, hostname, IPC namespace and /dev/shm, joined by a bridge through an
+interface named like the DGX Spark's RoCE port. Containers with `network_mode: host` on a node see
+what they would see on a real node.
+
+    python -m tests.testbed up [--nodes N]     # prints the contexts; state in /run/vllm-compose-testbed
+    python -m tests.testbed down
+
+Only the project's own addresses are used: the test subnet lives on a bridge of this machine and the
+harness refuses to run unless the kernel routes it there. It ends only processes it started (by the
+pid files it wrote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from python_on_whales import DockerClient
+
+SUBNET = "192.168.200"
+IFNAME = "enp1s0f1np1"
+STATE = Path("/run/vllm-compose-testbed")
+ENGINES = Path("/var/lib/vllm-compose-testbed")  # kept between runs: images stay cached
+MODELS = "/var/lib/vllm-compose-testbed-models"  # each node sees its own folder at this path
+
+
+def sh(*cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+
+
+@dataclass
+class Node:
+    name: str
+    ip: str
+    netns: str
+    context: str
+    socket: str
+    pidfile: str
+    models: str  # the host folder the node sees at MODELS
+
+    @property
+    def docker(self) -> DockerClient:
+        return DockerClient(context=self.context)
+
+    def nsexec(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return sh("nsenter", f"--net=/var/run/netns/{self.netns}", *cmd, check=check)
+
+
+@dataclass
+class Testbed:
+    prefix: str
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br"
+
+    # Building
+
+    @classmethod
+    def create(cls, count: int, prefix: str | None = None) -> Testbed:
+        prefix = prefix or f"vct{os.getpid() % 10000}"
+        bed = cls(prefix)
+        STATE.mkdir(parents=True, exist_ok=True)
+        if (STATE / "testbed.json").exists():
+            raise RuntimeError(
+                f"a testbed is already up ({STATE}/testbed.json); run: python -m tests.testbed down"
+            )
+        try:
+            bed._bridge_up()
+            for i in range(count):
+                bed.nodes.append(bed._node_up(i))
+            bed._save()
+            for node in bed.nodes:
+                bed._wait_engine(node)
+        except BaseException:
+            bed.destroy()
+            raise
+        return bed
+
+    def _bridge_up(self) -> None:
+        taken = sh("ip", "-o", "route", "show", f"{SUBNET}.0/24").stdout.strip()
+        if taken:
+            raise RuntimeError(f"{SUBNET}.0/24 is already routed ({taken}); is a testbed up?")
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        route = sh("ip", "route", "get", f"{SUBNET}.12").stdout
+        if f"dev {self.bridge}" not in route:
+            raise RuntimeError(f"refusing to run: {SUBNET}.12 is not routed to {self.bridge}: {route}")
+        # The root engine sets FORWARD to DROP; let the nodes talk to each other over the bridge.
+        sh("iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT")
+
+    def _node_up(self, i: int) -> Node:
+        name = f"spark{i + 1}"
+        tag = f"{self.prefix}-{name}"
+        node = Node(
+            name=name,
+            ip=f"{SUBNET}.{12 + i}",
+            netns=tag,
+            context=tag,
+            socket=f"/run/{tag}.sock",
+            pidfile=f"/run/{tag}.pid",
+            models=str(ENGINES / name / "models"),
+        )
+        host_end = f"{self.prefix}v{i}"
+        sh("ip", "netns", "add", node.netns)
+        sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", f"{host_end}p")
+        sh("ip", "link", "set", f"{host_end}p", "netns", node.netns)
+        sh("ip", "link", "set", host_end, "master", self.bridge, "up")
+        node.nsexec("ip", "link", "set", f"{host_end}p", "name", IFNAME)
+        node.nsexec("ip", "addr", "add", f"{node.ip}/24", "dev", IFNAME)
+        node.nsexec("ip", "link", "set", IFNAME, "up")
+        node.nsexec("ip", "link", "set", "lo", "up")
+        self._engine_up(node)
+        sh("docker", "context", "rm", "-f", node.context, check=False)
+        sh("docker", "context", "create", node.context, "--docker", f"host=unix://{node.socket}")
+        return node
+
+    def _engine_up(self, node: Node) -> None:
+        data = ENGINES / node.name
+        Path(node.models).mkdir(parents=True, exist_ok=True)
+        Path(MODELS).mkdir(parents=True, exist_ok=True)
+        dockerd = (
+            f"dockerd --data-root {data}/docker --exec-root /run/{node.netns}-exec"
+            f" -H unix://{node.socket} --pidfile {node.pidfile} --bridge none"
+            " --iptables=false --ip-masq=false"
+        )
+        # Own mount, IPC and UTS namespaces: a private /dev/shm and hostname per node (vLLM takes
+        # two nodes sharing them for one machine), and the node's own model folder.
+        script = (
+            f"hostname {node.name} && mount -t tmpfs -o size=4g tmpfs /dev/shm"
+            f" && mount --bind {node.models} {MODELS}"
+            f" && exec nsenter --net=/var/run/netns/{node.netns} {dockerd}"
+        )
+        log = (STATE / f"{node.netns}.dockerd.log").open("w")
+        subprocess.Popen(
+            ["unshare", "-m", "-i", "-u", "--propagation", "private", "sh", "-c", script],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+
+    def _wait_engine(self, node: Node, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while sh("docker", "--context", node.context, "info", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                log = (STATE / f"{node.netns}.dockerd.log").read_text()[-2000:]
+                raise RuntimeError(f"engine of {node.name} did not answer in {seconds} s:\n{log}")
+            time.sleep(0.5)
+
+    def _save(self) -> None:
+        data = {"prefix": self.prefix, "nodes": [asdict(n) for n in self.nodes]}
+        (STATE / "testbed.json").write_text(json.dumps(data, indent=2))
+
+    @classmethod
+    def load(cls) -> Testbed:
+        data = json.loads((STATE / "testbed.json").read_text())
+        return cls(data["prefix"], [Node(**n) for n in data["nodes"]])
+
+    # Images
+
+    def load_image(self, image: str, source: DockerClient | None = None) -> None:
+        """Copy an image from the root engine (or `source`) into every node that lacks that ID."""
+        source = source or DockerClient()
+        wanted = source.image.inspect(image).id
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                if node.docker.image.inspect(image).id == wanted:
+                    continue
+            save = subprocess.Popen(
+                [*source.client_config.docker_cmd, "save", image], stdout=subprocess.PIPE
+            )
+            with save:
+                sh("docker", "--context", node.context, "load", stdin=save.stdout)
+
+    # Faults
+
+    def stop_engine(self, node: Node) -> None:
+        self._signal_engine(node, signal.SIGTERM, wait=True)
+
+    def start_engine(self, node: Node) -> None:
+        self._engine_up(node)
+        self._wait_engine(node)
+
+    def link_down(self, node: Node) -> None:
+        node.nsexec("ip", "link", "set", IFNAME, "down")
+
+    def link_up(self, node: Node) -> None:
+        node.nsexec("ip", "link", "set", IFNAME, "up")
+
+    def drop(self, node: Node, peer_ip: str) -> None:
+        """Drop everything `node` receives from `peer_ip`."""
+        node.nsexec("iptables", "-I", "INPUT", "-s", peer_ip, "-j", "DROP")
+
+    def add_external_default_route(self, node: Node, ip: str = "198.51.100.2") -> None:
+        """A second, "external" address that is the node's default route and that no other node can
+        reach: what Ray picks without --node-ip-address (a dummy link: nothing leaves the node)."""
+        node.nsexec("ip", "link", "add", "ext0", "type", "dummy")
+        node.nsexec("ip", "addr", "add", f"{ip}/24", "dev", "ext0")
+        node.nsexec("ip", "link", "set", "ext0", "up")
+        node.nsexec("ip", "route", "add", "default", "via", "198.51.100.1", "dev", "ext0")
+
+    def remove_path(self, node: Node, relative: str) -> None:
+        """Remove a file or folder under the node's own MODELS folder."""
+        shutil.rmtree(Path(node.models) / relative, ignore_errors=True)
+
+    # Tearing down
+
+    def _signal_engine(self, node: Node, sig: int, wait: bool) -> None:
+        try:
+            pid = int(Path(node.pidfile).read_text())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + 30
+        while wait and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove_containers(self) -> None:
+        for node in self.nodes:
+            ids = sh("docker", "--context", node.context, "ps", "-aq", check=False).stdout.split()
+            if ids:
+                sh("docker", "--context", node.context, "rm", "-f", "-v", *ids, check=False)
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                self.remove_containers()
+            self._signal_engine(node, signal.SIGTERM, wait=True)
+            sh("docker", "context", "rm", "-f", node.context, check=False)
+            sh("ip", "netns", "del", node.netns, check=False)
+        sh("iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT",
+           check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
+        (STATE / "testbed.json").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def running(count: int) -> Iterator[Testbed]:
+    bed = Testbed.create(count)
+    try:
+        yield bed
+    finally:
+        bed.destroy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.testbed")
+    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("--nodes", type=int, default=2)
+    args = parser.parse_args()
+    if args.action == "down":
+        if (STATE / "testbed.json").exists():
+            Testbed.load().destroy()
+        print("testbed down")
+        return
+    bed = Testbed.create(args.nodes)
+    for node in bed.nodes:
+        print(f"{node.name}: {node.ip} on {IFNAME}, context {node.context}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
