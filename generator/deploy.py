@@ -11,8 +11,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -56,29 +54,34 @@ def parallel(
     phase: str, work: dict[str, Callable[[], T]], timeout: float, report: Report
 ) -> dict[str, T]:
     """Run one callable per node at once; report progress every few seconds; the first failure
-    (or the deadline) becomes a PhaseError naming the node."""
-    pool = ThreadPoolExecutor(max_workers=max(1, len(work)))
-    futures: dict[str, Future[T]] = {name: pool.submit(fn) for name, fn in work.items()}
+    (or the deadline) becomes a PhaseError naming the node. Daemon threads: a phase that timed out
+    does not hold the command open while a docker call it started finishes."""
+    results: dict[str, T] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str, fn: Callable[[], T]) -> None:
+        try:
+            results[name] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below as a PhaseError
+            errors[name] = e
+
+    threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
+    for thread in threads.values():
+        thread.start()
     start = time.monotonic()
-    try:
-        while True:
-            pending = [n for n, f in futures.items() if not f.done()]
-            failed = [n for n, f in futures.items() if f.done() and f.exception()]
-            if failed:
-                raise _phase_error(phase, failed[0], futures[failed[0]].exception())
-            if not pending:
-                return {n: f.result() for n, f in futures.items()}
-            elapsed = time.monotonic() - start
-            if elapsed > timeout:
-                raise PhaseError(pending[0], phase, f"timed out after {timeout:g} s")
-            try:
-                futures[pending[0]].result(timeout=min(5.0, timeout - elapsed + 0.1))
-            except FutureTimeout:
-                report(f"{phase}: waiting for {', '.join(pending)} ({elapsed:.0f} s)")
-            except Exception:  # noqa: BLE001, S110 - surfaced on the next turn of the loop
-                pass
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    while True:
+        if errors:
+            name = next(iter(errors))
+            raise _phase_error(phase, name, errors[name])
+        pending = [n for n, t in threads.items() if t.is_alive()]
+        if not pending:
+            return results
+        elapsed = time.monotonic() - start
+        if elapsed > timeout:
+            raise PhaseError(pending[0], phase, f"timed out after {timeout:g} s")
+        threads[pending[0]].join(timeout=min(5.0, timeout - elapsed + 0.1))
+        if threads[pending[0]].is_alive():
+            report(f"{phase}: waiting for {', '.join(pending)} ({time.monotonic() - start:.0f} s)")
 
 
 def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseError:

@@ -5,7 +5,9 @@ Templates only read these values; every decision about the stack is made here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 from generator.config import MEMORY_MONITOR, Cluster, Node
@@ -33,6 +35,14 @@ class Service:
     pid_of: str | None = None
     volumes: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+
+    def fingerprint(self, stack: NodeStack) -> str:
+        """Hash of everything this service is rendered from. Its label changes only when the
+        service does, so `compose up` after a config change recreates just what changed."""
+        settings = stack.cluster.settings
+        shape = [asdict(self), stack.image, stack.cluster.image, stack.cluster.accelerator,
+                 settings.devices, settings.cap_add, settings.memlock_unlimited]
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,6 @@ class NodeStack:
             "io.vllm-compose.cluster": self.cluster.name,
             "io.vllm-compose.node": self.node.name,
             "io.vllm-compose.role": self.role,
-            "io.vllm-compose.config-hash": self.cluster.config_hash(),
         }
 
     @cached_property

@@ -12,3 +12,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def testbed():  # type: ignore[no-untyped-def]
+    """Three emulated nodes with their own engines, the Ray stand-in image loaded on each."""
+    from python_on_whales import DockerClient
+
+    from tests import images
+    from tests.testbed import running
+
+    image = images.standin_base(DockerClient())
+    with running(3) as bed:
+        bed.load_image(image)
+        yield bed

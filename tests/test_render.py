@@ -74,7 +74,8 @@ def test_docker_compose_accepts_every_rendered_file(name: str, tmp_path: Path) -
             assert service["environment"]["VLLM_HOST_IP"] == str(node.ip)
             assert service["environment"]["NCCL_SOCKET_IFNAME"] == cluster.interface_of(node)
             assert service["environment"]["GLOO_SOCKET_IFNAME"] == cluster.interface_of(node)
-            assert service["labels"]["io.vllm-compose.config-hash"] == cluster.config_hash()
+            assert len(service["labels"]["io.vllm-compose.config-hash"]) == 64
+        assert normalised["x-vllm-compose"]["config-hash"] == cluster.config_hash()
 
 
 def test_ray_stack_orders_and_addresses_every_node(tmp_path: Path) -> None:
@@ -177,8 +178,8 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     # a running container receives the plain string.
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
-        ("spark-1", {"name", "services", "volumes"}),
-        ("spark-2", {"name", "services"}),
+        ("spark-1", {"name", "x-vllm-compose", "services", "volumes"}),
+        ("spark-2", {"name", "x-vllm-compose", "services"}),
     ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys

@@ -59,8 +59,10 @@ class Node:
 
 @dataclass
 class Testbed:
+    __test__ = False  # not a test class, despite the name
     prefix: str
     nodes: list[Node] = field(default_factory=list)
+    engines: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
     @property
     def bridge(self) -> str:
@@ -145,7 +147,7 @@ class Testbed:
             f" && exec nsenter --net=/var/run/netns/{node.netns} {dockerd}"
         )
         log = (STATE / f"{node.netns}.dockerd.log").open("w")
-        subprocess.Popen(
+        self.engines[node.name] = subprocess.Popen(
             ["unshare", "-m", "-i", "-u", "--propagation", "private", "sh", "-c", script],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -211,6 +213,71 @@ class Testbed:
         node.nsexec("ip", "link", "set", "ext0", "up")
         node.nsexec("ip", "route", "add", "default", "via", "198.51.100.1", "dev", "ext0")
 
+    def remove_external_default_route(self, node: Node) -> None:
+        node.nsexec("ip", "link", "del", "ext0", check=False)
+
+    def undrop(self, node: Node, peer_ip: str) -> None:
+        node.nsexec("iptables", "-D", "INPUT", "-s", peer_ip, "-j", "DROP", check=False)
+
+    # Real ssh:// contexts, as users reach real nodes
+
+    def ssh_context(self, node: Node) -> str:
+        """An sshd inside the node's namespace on <ip>:22 whose sessions talk to the node's engine,
+        and a Docker context `ssh://root@<ip>` that reaches it. Returns the context's name."""
+        keys = STATE / "ssh"
+        keys.mkdir(mode=0o700, exist_ok=True)
+        if not (keys / "client").exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "client"))
+        host_key = keys / f"{node.name}-host"
+        if not host_key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
+        (keys / "authorized_keys").write_text((keys / "client.pub").read_text())
+        (keys / "authorized_keys").chmod(0o600)
+        sshd_config = keys / f"{node.name}-sshd_config"
+        sshd_config.write_text(
+            f"ListenAddress {node.ip}:22\nHostKey {host_key}\nPidFile {keys}/{node.name}-sshd.pid\n"
+            f"PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            f"AuthorizedKeysFile {keys}/authorized_keys\nStrictModes no\n"
+            f"SetEnv DOCKER_HOST=unix://{node.socket}\n"
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)
+        node.nsexec("/usr/sbin/sshd", "-f", str(sshd_config))
+        self._ssh_client_config(node, keys)
+        context = f"{node.context}-ssh"
+        sh("docker", "context", "rm", "-f", context, check=False)
+        sh("docker", "context", "create", context, "--docker", f"host=ssh://root@{node.ip}")
+        return context
+
+    def _ssh_client_config(self, node: Node, keys: Path) -> None:
+        """A marked block in ~/.ssh/config (Docker's ssh transport reads only that); removed on
+        destroy."""
+        config = Path.home() / ".ssh" / "config"
+        config.parent.mkdir(mode=0o700, exist_ok=True)
+        block = (
+            f"{self._marker(node)}\nHost {node.ip}\n  IdentityFile {keys}/client\n"
+            f"  UserKnownHostsFile {keys}/known_hosts\n  StrictHostKeyChecking accept-new\n"
+            f"  ConnectTimeout 5\n{self._marker(node)}\n"
+        )
+        old = config.read_text() if config.exists() else ""
+        config.write_text(old + block)
+
+    def _marker(self, node: Node) -> str:
+        return f"# vllm-compose testbed {node.context}"
+
+    def _ssh_down(self, node: Node) -> None:
+        pidfile = STATE / "ssh" / f"{node.name}-sshd.pid"
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        sh("docker", "context", "rm", "-f", f"{node.context}-ssh", check=False)
+        config = Path.home() / ".ssh" / "config"
+        if config.exists():
+            text, marker = config.read_text(), self._marker(node)
+            while marker in text:
+                start = text.index(marker)
+                end = text.index(marker, start + len(marker)) + len(marker) + 1
+                text = text[:start] + text[end:]
+            config.write_text(text)
+
     def remove_path(self, node: Node, relative: str) -> None:
         """Remove a file or folder under the node's own MODELS folder."""
         shutil.rmtree(Path(node.models) / relative, ignore_errors=True)
@@ -230,6 +297,8 @@ class Testbed:
         if Path(f"/proc/{pid}").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if node.name in self.engines:
+            self.engines.pop(node.name).wait(timeout=30)
 
     def remove_containers(self) -> None:
         for node in self.nodes:
@@ -238,9 +307,12 @@ class Testbed:
                 sh("docker", "--context", node.context, "rm", "-f", "-v", *ids, check=False)
 
     def destroy(self) -> None:
+        with contextlib.suppress(Exception):
+            self.remove_containers()
+        for node in self.nodes:  # all at once: each engine takes seconds to stop
+            self._signal_engine(node, signal.SIGTERM, wait=False)
         for node in self.nodes:
-            with contextlib.suppress(Exception):
-                self.remove_containers()
+            self._ssh_down(node)
             self._signal_engine(node, signal.SIGTERM, wait=True)
             sh("docker", "context", "rm", "-f", node.context, check=False)
             sh("ip", "netns", "del", node.netns, check=False)

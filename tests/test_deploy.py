@@ -1,0 +1,212 @@
+"""`vllm-compose up/down/status/logs` on the multi-node testbed: real engines, real Compose, real
+Ray across network namespaces. The serve process is the Ray STAND-IN (tests/standin_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from python_on_whales import Container, DockerClient
+
+from tests import images
+from tests.testbed import IFNAME, MODELS, Node, Testbed
+
+pytestmark = pytest.mark.testbed
+
+
+def write_config(path: Path, name: str, nodes: list[Node], contexts: list[str] | None = None) -> Path:
+    contexts = contexts or [n.context for n in nodes]
+    lines = [
+        f"name: {name}", f"image: {images.STANDIN}", "accelerator: none", f"interface: {IFNAME}",
+        "nodes:",
+        *(f"  - {{name: {n.name}, ip: {n.ip}, context: {c}}}" for n, c in zip(nodes, contexts)),
+        f"model: {{path: {MODELS}}}", "vllm: {port: 30000}",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "generator", *map(str, args)], cwd=cwd, capture_output=True,
+        text=True, check=False, timeout=600,
+    )
+
+
+@pytest.fixture
+def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield testbed, tmp_path
+    for config in tmp_path.glob("*.yaml"):
+        cli("down", config, cwd=tmp_path)
+    testbed.remove_containers()
+
+
+def containers(node: Node, project: str) -> dict[str, Container]:
+    docker = DockerClient(context=node.context)
+    found = docker.container.list(all=True, filters=[("label", f"com.docker.compose.project={project}")])
+    return {c.config.labels["com.docker.compose.service"]: c for c in found}
+
+
+def first_healthy(container: Container) -> datetime:
+    passed = [e.end for e in container.state.health.log if e.exit_code == 0]
+    assert passed, f"{container.name} never passed its health check"
+    return passed[0]
+
+
+def completion_from(node: Node, url: str) -> dict:
+    out = node.nsexec("curl", "-sf", "-m", "10", url, "-d", '{"prompt": "hi", "max_tokens": 1}')
+    return json.loads(out.stdout)
+
+
+def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "pair", [head, worker])
+    result = cli("up", config, cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    assert "ready: http://192.168.200.12:30000/v1" in result.stdout
+
+    answer = completion_from(worker, "http://192.168.200.12:30000/v1/completions")
+    assert answer["ray_nodes"] == [head.ip, worker.ip]
+
+    on_head, on_worker = containers(head, "pair"), containers(worker, "pair")
+    assert set(on_head) == {"ray", "serve"} and set(on_worker) == {"ray"}
+    head_ray, serve, worker_ray = on_head["ray"], on_head["serve"], on_worker["ray"]
+    assert serve.state.started_at > first_healthy(worker_ray) > head_ray.state.started_at
+
+    status = json.loads(cli("status", config, "--json", cwd=tmp).stdout)
+    assert [(r["node"], r["ray_alive_at_ip"]) for r in status] == [("spark1", True), ("spark2", True)]
+    assert {s["service"]: s["health"] for s in status[0]["services"]} == {"ray": "healthy", "serve": "healthy"}
+
+    logs = cli("logs", config, "--node", "spark1", cwd=tmp).stdout.splitlines()
+    assert any(line.startswith("spark1 | serve") and "stand-in vllm: attached to Ray" in line for line in logs)
+    assert all(line.startswith("spark1 | ") for line in logs)
+
+
+def test_a_worker_that_cannot_join_fails_its_phase_naming_the_node(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "nojoin", [head, worker])
+    bed.drop(head, worker.ip)
+    try:
+        began = time.monotonic()
+        result = cli("up", config, "--join-timeout", "20", cwd=tmp)
+        took = time.monotonic() - began
+    finally:
+        bed.undrop(head, worker.ip)
+    assert result.returncode == 1
+    assert "node 'spark2': phase 'ray-workers' failed" in result.stderr
+    assert took < 20 + 60, f"took {took:.0f} s"
+    assert "serve" not in containers(head, "nojoin")
+
+
+def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack) -> None:
+    bed, tmp = stack
+    config = write_config(tmp / "c.yaml", "trio", bed.nodes)
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {n.name: {s: c.id for s, c in containers(n, "trio").items()} for n in bed.nodes}
+    again = cli("up", config, cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    after = {n.name: {s: c.id for s, c in containers(n, "trio").items()} for n in bed.nodes}
+    assert after == before
+    assert "image on spark3: present" in again.stdout
+
+    down = cli("down", config, cwd=tmp)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.splitlines() == ["spark1: removed", "spark2: removed", "spark3: removed"]
+    for node in bed.nodes:
+        docker = DockerClient(context=node.context)
+        label = [("label", "com.docker.compose.project=trio")]
+        assert docker.container.list(all=True, filters=label) == []
+        assert docker.volume.list(filters=label) == []
+        assert docker.network.list(filters=label) == []
+
+
+def test_a_changed_config_recreates_only_what_changed(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "change", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {s: c.id for s, c in containers(head, "change").items()}
+    worker_before = containers(worker, "change")["ray"].id
+    config.write_text(config.read_text().replace("port: 30000", "port: 30001"))
+    result = cli("up", config, cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    after = {s: c.id for s, c in containers(head, "change").items()}
+    assert after["serve"] != before["serve"]
+    assert containers(worker, "change")["ray"].id == worker_before
+
+
+def test_external_default_route_needs_forced_node_ips(stack) -> None:
+    """The field failure: the head's default route is an "external" address the workers cannot
+    reach. The generated stack pins every node's IP and forms the cluster; the same stack without
+    --node-ip-address on the head lets Ray register the external address, and the gate says so."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    bed.add_external_default_route(head)
+    try:
+        config = write_config(tmp / "c.yaml", "forced", [head, worker])
+        forced = cli("up", config, cwd=tmp)
+        assert forced.returncode == 0, forced.stderr
+        cli("down", config, cwd=tmp)
+
+        cli("render", config, "-o", tmp / "out", cwd=tmp)
+        compose = tmp / "out/spark1/compose.yaml"
+        pinned = '      - "--node-ip-address"\n      - "192.168.200.12"\n'
+        assert pinned in compose.read_text()
+        compose.write_text(compose.read_text().replace(pinned, "", 1))
+        docker = DockerClient(context=head.context, compose_files=[compose], compose_project_name="forced")
+        docker.compose.up(["ray"], detach=True, quiet=True)
+        check = ["vllm-compose-health", "ray", "--address", "192.168.200.12:6379", "--expect", head.ip]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            probe = subprocess.run(
+                ["docker", "--context", head.context, "exec", "forced-ray-1", *check],
+                capture_output=True, text=True, check=False,
+            )
+            if "alive: 198.51.100.2" in probe.stderr:
+                break
+            time.sleep(2)
+        assert probe.returncode == 1
+        assert probe.stderr.strip() == (
+            "vllm-compose-health: Ray nodes missing: 192.168.200.12 (alive: 198.51.100.2)"
+        )
+        docker.compose.down(volumes=True, quiet=True)
+    finally:
+        bed.remove_external_default_route(head)
+
+
+def test_deploy_over_real_ssh_contexts(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    contexts = [bed.ssh_context(head), bed.ssh_context(worker)]
+    config = write_config(tmp / "c.yaml", "overssh", [head, worker], contexts)
+    result = cli("up", config, cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    assert completion_from(worker, "http://192.168.200.12:30000/v1/completions")["ray_nodes"] == [
+        head.ip, worker.ip,
+    ]
+    assert cli("down", config, cwd=tmp).returncode == 0
+    assert containers(head, "overssh") == {}
+
+
+def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack) -> None:
+    bed, tmp = stack
+    head, worker, third = bed.nodes
+    config = write_config(tmp / "c.yaml", "partial", [head, worker, third])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    bed.stop_engine(third)
+    try:
+        result = cli("down", config, cwd=tmp)
+    finally:
+        bed.start_engine(third)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[:2] == ["spark1: removed", "spark2: removed"]
+    assert result.stdout.splitlines()[2].startswith("spark3: failed: ")
+    assert containers(head, "partial") == {} and containers(worker, "partial") == {}
