@@ -3,7 +3,7 @@ PY ?= python3
 BASE_IMAGE ?= hellohal2064/vllm-qwen3.5-gb10:latest
 IMAGE ?= vllm-compose:dev
 
-.PHONY: setup compose image test lint demo up down
+.PHONY: setup compose image test lint demo demo-down up down testbed testbed-down
 
 setup:  ## install the engine, Compose v2 and Python deps; start dockerd
 	bash scripts/setup.sh
@@ -20,3 +20,21 @@ lint:
 
 test: setup  ## set up, then run the whole suite on a real engine
 	$(PY) -m pytest
+
+up:  ## render and start every node of $(CONFIG) over its Docker context
+	vllm-compose up $(CONFIG)
+
+down:  ## stop and remove the stack on every node of $(CONFIG)
+	vllm-compose down $(CONFIG)
+
+testbed:  ## emulated nodes: network namespaces with their own engines and contexts
+	$(PY) -m tests.testbed up --nodes 2
+
+testbed-down:
+	$(PY) -m tests.testbed down
+
+demo: setup  ## a real Ray cluster across two emulated nodes, deployed by vllm-compose up
+	$(PY) -m tests.demo up
+
+demo-down:
+	$(PY) -m tests.demo down

@@ -39,8 +39,13 @@ def _progress(line: str) -> None:
     err.print(f"  {line}", markup=False)
 
 
-def _render(path: Path, cluster: config.Cluster, outdir: Path | None, dry_run: bool = False,
-            quiet: bool = True) -> Path:
+def _render(
+    path: Path,
+    cluster: config.Cluster,
+    outdir: Path | None,
+    dry_run: bool = False,
+    quiet: bool = True,
+) -> Path:
     target = outdir or Path("compose") / cluster.name
     files = render.render(cluster, path.name)
     changes = output.plan(files, target)
@@ -77,7 +82,9 @@ def validate(path: ConfigArg) -> None:
 def render_cmd(
     path: ConfigArg,
     outdir: OutdirOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and diffs only.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and diffs only.")
+    ] = False,
 ) -> None:
     """Render one compose folder per node."""
     _render(path, _load(path), outdir, dry_run, quiet=False)
@@ -131,8 +138,15 @@ def status(
 
 
 def _status_line(row: dict[str, Any]) -> str:
-    ray = {True: ", alive in Ray at its IP", False: ", NOT alive in Ray at its IP"}
-    line = f"{row['node']} ({row['ip']}){ray.get(row.get('ray_alive_at_ip'), '')}"
+    alive = row.get("ray_alive_at_ip")
+    ray = (
+        ""
+        if alive is None
+        else ", alive in Ray at its IP"
+        if alive
+        else ", NOT alive in Ray at its IP"
+    )
+    line = f"{row['node']} ({row['ip']}){ray}"
     return f"{line}: unreachable: {row['error']}" if "error" in row else line
 
 
@@ -154,7 +168,9 @@ def logs(
 
 @app.command()
 def schema(
-    markdown: Annotated[bool, typer.Option("--markdown", help="The README's table instead.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The README's table instead.")
+    ] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""
     out.print(reference.markdown() if markdown else reference.schema(), end="", markup=False)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from python_on_whales import DockerClient, DockerException
 
@@ -62,7 +62,7 @@ def parallel(
     def run(name: str, fn: Callable[[], T]) -> None:
         try:
             results[name] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below as a PhaseError
+        except BaseException as e:  # re-raised below as a PhaseError
             errors[name] = e
 
     threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
@@ -178,10 +178,10 @@ class Deployment:
             time.sleep(2)
 
     def _workers_up(self, timeout: int | None) -> None:
-        work = {
-            n.name: (lambda n=n: self._compose_up(n, None, wait=timeout, phase="ray-workers"))
-            for n in self.cluster.workers
-        }
+        def start(node: Node) -> Callable[[], None]:
+            return lambda: self._compose_up(node, None, wait=timeout, phase="ray-workers")
+
+        work = {n.name: start(n) for n in self.cluster.workers}
         if work:
             parallel(
                 "ray-workers" if timeout else "ranks", work, (timeout or 120) + 30, self.report
@@ -219,10 +219,10 @@ class Deployment:
             state = container.state
             health = state.health.status if state.health else None
             if not state.running or health == "unhealthy" or health == "starting":
-                service = container.config.labels.get("com.docker.compose.service", container.name)
-                last = (
-                    state.health.log[-1].output.strip() if state.health and state.health.log else ""
-                )
+                labels = container.config.labels or {}
+                service = labels.get("com.docker.compose.service", container.name)
+                log = state.health.log if state.health and state.health.log else []
+                last = (log[-1].output or "").strip() if log else ""
                 check = f"health check: {last}\n" if last else ""
                 return (
                     f"{check}last lines of {service} on {node.name}:\n{self._tail(node, service)}"
@@ -231,8 +231,10 @@ class Deployment:
 
     def _tail(self, node: Node, service: str) -> str:
         try:
-            return self.docker[node.name].compose.logs(
-                [service], tail=str(LOG_TAIL), no_log_prefix=True
+            return str(
+                self.docker[node.name].compose.logs(
+                    [service], tail=str(LOG_TAIL), no_log_prefix=True
+                )
             )
         except DockerException as e:
             return f"(logs unavailable: {_last_line(e.stderr)})"
@@ -259,17 +261,18 @@ class Deployment:
 
     # status and logs
 
-    def status(self) -> list[dict[str, object]]:
+    def status(self) -> list[dict[str, Any]]:
         alive = self._ray_nodes() if self.cluster.backend == "ray" else {}
-        rows: list[dict[str, object]] = []
+        rows: list[dict[str, Any]] = []
         for node in self.cluster.nodes:
-            row: dict[str, object] = {"node": node.name, "ip": str(node.ip), "services": []}
+            row: dict[str, Any] = {"node": node.name, "ip": str(node.ip), "services": []}
             try:
                 for container in self.docker[node.name].compose.ps(all=True):
                     state = container.state
+                    labels = container.config.labels or {}
                     row["services"].append(
-                        {  # type: ignore[attr-defined]
-                            "service": container.config.labels.get("com.docker.compose.service"),
+                        {
+                            "service": labels.get("com.docker.compose.service"),
                             "state": state.status,
                             "health": state.health.status if state.health else None,
                         }

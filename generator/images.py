@@ -86,7 +86,7 @@ def _progress(tag: str, source: Target, dest: Target, moved: int, size: int) -> 
 
 
 def distribute(targets: list[Target], tag: str, base: str, report: Report) -> dict[str, str]:
-    """Every node ends with `tag`; returns node -> what happened ('present', 'built', 'streamed')."""
+    """Every node ends with `tag`; returns node -> 'present', 'built' or 'streamed'."""
     outcome: dict[str, str] = {}
     errors: list[DockerError] = []
 

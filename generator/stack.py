@@ -40,8 +40,15 @@ class Service:
         """Hash of everything this service is rendered from. Its label changes only when the
         service does, so `compose up` after a config change recreates just what changed."""
         settings = stack.cluster.settings
-        shape = [asdict(self), stack.image, stack.cluster.image, stack.cluster.accelerator,
-                 settings.devices, settings.cap_add, settings.memlock_unlimited]
+        shape = [
+            asdict(self),
+            stack.image,
+            stack.cluster.image,
+            stack.cluster.accelerator,
+            settings.devices,
+            settings.cap_add,
+            settings.memlock_unlimited,
+        ]
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 

@@ -38,8 +38,9 @@ def main() -> None:
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self._send({"model": name, "choices": [{"index": 0, "text": "stand-in"}],
-                        "ray_nodes": nodes})
+            self._send(
+                {"model": name, "choices": [{"index": 0, "text": "stand-in"}], "ray_nodes": nodes}
+            )
 
         def _send(self, body: dict) -> None:
             data = json.dumps(body).encode()

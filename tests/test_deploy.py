@@ -20,13 +20,22 @@ from tests.testbed import IFNAME, MODELS, Node, Testbed
 pytestmark = pytest.mark.testbed
 
 
-def write_config(path: Path, name: str, nodes: list[Node], contexts: list[str] | None = None) -> Path:
+def write_config(
+    path: Path, name: str, nodes: list[Node], contexts: list[str] | None = None
+) -> Path:
     contexts = contexts or [n.context for n in nodes]
     lines = [
-        f"name: {name}", f"image: {images.STANDIN}", "accelerator: none", f"interface: {IFNAME}",
+        f"name: {name}",
+        f"image: {images.STANDIN}",
+        "accelerator: none",
+        f"interface: {IFNAME}",
         "nodes:",
-        *(f"  - {{name: {n.name}, ip: {n.ip}, context: {c}}}" for n, c in zip(nodes, contexts)),
-        f"model: {{path: {MODELS}}}", "vllm: {port: 30000}",
+        *(
+            f"  - {{name: {n.name}, ip: {n.ip}, context: {c}}}"
+            for n, c in zip(nodes, contexts, strict=True)
+        ),
+        f"model: {{path: {MODELS}}}",
+        "vllm: {port: 30000}",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -34,8 +43,12 @@ def write_config(path: Path, name: str, nodes: list[Node], contexts: list[str] |
 
 def cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "generator", *map(str, args)], cwd=cwd, capture_output=True,
-        text=True, check=False, timeout=600,
+        [sys.executable, "-m", "generator", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
     )
 
 
@@ -49,7 +62,9 @@ def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
 
 def containers(node: Node, project: str) -> dict[str, Container]:
     docker = DockerClient(context=node.context)
-    found = docker.container.list(all=True, filters=[("label", f"com.docker.compose.project={project}")])
+    found = docker.container.list(
+        all=True, filters=[("label", f"com.docker.compose.project={project}")]
+    )
     return {c.config.labels["com.docker.compose.service"]: c for c in found}
 
 
@@ -81,11 +96,20 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(
     assert serve.state.started_at > first_healthy(worker_ray) > head_ray.state.started_at
 
     status = json.loads(cli("status", config, "--json", cwd=tmp).stdout)
-    assert [(r["node"], r["ray_alive_at_ip"]) for r in status] == [("spark1", True), ("spark2", True)]
-    assert {s["service"]: s["health"] for s in status[0]["services"]} == {"ray": "healthy", "serve": "healthy"}
+    assert [(r["node"], r["ray_alive_at_ip"]) for r in status] == [
+        ("spark1", True),
+        ("spark2", True),
+    ]
+    assert {s["service"]: s["health"] for s in status[0]["services"]} == {
+        "ray": "healthy",
+        "serve": "healthy",
+    }
 
     logs = cli("logs", config, "--node", "spark1", cwd=tmp).stdout.splitlines()
-    assert any(line.startswith("spark1 | serve") and "stand-in vllm: attached to Ray" in line for line in logs)
+    assert any(
+        line.startswith("spark1 | serve") and "stand-in vllm: attached to Ray" in line
+        for line in logs
+    )
     assert all(line.startswith("spark1 | ") for line in logs)
 
 
@@ -161,14 +185,25 @@ def test_external_default_route_needs_forced_node_ips(stack) -> None:
         pinned = '      - "--node-ip-address"\n      - "192.168.200.12"\n'
         assert pinned in compose.read_text()
         compose.write_text(compose.read_text().replace(pinned, "", 1))
-        docker = DockerClient(context=head.context, compose_files=[compose], compose_project_name="forced")
+        docker = DockerClient(
+            context=head.context, compose_files=[compose], compose_project_name="forced"
+        )
         docker.compose.up(["ray"], detach=True, quiet=True)
-        check = ["vllm-compose-health", "ray", "--address", "192.168.200.12:6379", "--expect", head.ip]
+        check = [
+            "vllm-compose-health",
+            "ray",
+            "--address",
+            "192.168.200.12:6379",
+            "--expect",
+            head.ip,
+        ]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             probe = subprocess.run(
                 ["docker", "--context", head.context, "exec", "forced-ray-1", *check],
-                capture_output=True, text=True, check=False,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if "alive: 198.51.100.2" in probe.stderr:
                 break
@@ -190,7 +225,8 @@ def test_deploy_over_real_ssh_contexts(stack) -> None:
     result = cli("up", config, cwd=tmp)
     assert result.returncode == 0, result.stderr
     assert completion_from(worker, "http://192.168.200.12:30000/v1/completions")["ray_nodes"] == [
-        head.ip, worker.ip,
+        head.ip,
+        worker.ip,
     ]
     assert cli("down", config, cwd=tmp).returncode == 0
     assert containers(head, "overssh") == {}

@@ -100,7 +100,9 @@ class Testbed:
         sh("ip", "link", "set", self.bridge, "up")
         route = sh("ip", "route", "get", f"{SUBNET}.12").stdout
         if f"dev {self.bridge}" not in route:
-            raise RuntimeError(f"refusing to run: {SUBNET}.12 is not routed to {self.bridge}: {route}")
+            raise RuntimeError(
+                f"refusing to run: {SUBNET}.12 is not routed to {self.bridge}: {route}"
+            )
         # The root engine sets FORWARD to DROP; let the nodes talk to each other over the bridge.
         sh("iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT")
 
@@ -149,7 +151,9 @@ class Testbed:
         log = (STATE / f"{node.netns}.dockerd.log").open("w")
         self.engines[node.name] = subprocess.Popen(
             ["unshare", "-m", "-i", "-u", "--propagation", "private", "sh", "-c", script],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
 
@@ -316,8 +320,18 @@ class Testbed:
             self._signal_engine(node, signal.SIGTERM, wait=True)
             sh("docker", "context", "rm", "-f", node.context, check=False)
             sh("ip", "netns", "del", node.netns, check=False)
-        sh("iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT",
-           check=False)
+        sh(
+            "iptables",
+            "-D",
+            "FORWARD",
+            "-i",
+            self.bridge,
+            "-o",
+            self.bridge,
+            "-j",
+            "ACCEPT",
+            check=False,
+        )
         sh("ip", "link", "del", self.bridge, check=False)
         (STATE / "testbed.json").unlink(missing_ok=True)
 
