@@ -55,11 +55,11 @@ def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
     )
     moved = _pump(save, load, lambda n: report(_progress(tag, source, dest, n, size)))
     save.wait()
-    _, err = load.communicate()
-    if save.returncode or load.returncode:
-        raise DockerError(
-            dest.name, f"loading {tag} from node '{source.name}' failed", err.decode()
-        )
+    assert load.stderr
+    with load.stderr:
+        err = load.stderr.read().decode(errors="replace")
+    if save.returncode or load.wait():
+        raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
     want, got = source.docker.image.inspect(tag).id, dest.docker.image.inspect(tag).id
     if want != got:
         raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")

@@ -38,8 +38,15 @@ def up() -> None:
     print(f"==> vllm-compose up {CONFIG}")
     subprocess.run([sys.executable, "-m", "generator", "up", str(CONFIG)], check=True)
     url = f"http://{head.ip}:30000/v1/completions"
-    request = ["curl", "-s", url, "-H", "Content-Type: application/json",
-               "-d", '{"prompt": "Hello", "max_tokens": 8}']
+    request = [
+        "curl",
+        "-s",
+        url,
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"prompt": "Hello", "max_tokens": 8}',
+    ]
     print(f"==> sample request from {worker.name}: {' '.join(request)}")
     print(worker.nsexec(*request).stdout)
     print(f"status: vllm-compose status {CONFIG}    stop: make demo-down")

@@ -43,5 +43,8 @@ def test_a_node_without_the_base_gets_the_wrapper_streamed_and_then_nothing_move
     assert progress[-1].startswith(f"image: {tag} streamed a -> b (")
 
     progress.clear()
-    assert images.distribute(targets, tag, base, progress.append) == {"a": "present", "b": "present"}
+    assert images.distribute(targets, tag, base, progress.append) == {
+        "a": "present",
+        "b": "present",
+    }
     assert progress == []

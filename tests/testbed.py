@@ -211,10 +211,12 @@ class Testbed:
 
     def add_external_default_route(self, node: Node, ip: str = "198.51.100.2") -> None:
         """A second, "external" address that is the node's default route and that no other node can
-        reach: what Ray picks without --node-ip-address (a dummy link: nothing leaves the node)."""
-        node.nsexec("ip", "link", "add", "ext0", "type", "dummy")
+        reach: what Ray picks without --node-ip-address. A veth pair with both ends inside the
+        node (no dummy driver here): nothing sent that way leaves the node."""
+        node.nsexec("ip", "link", "add", "ext0", "type", "veth", "peer", "name", "ext0p")
         node.nsexec("ip", "addr", "add", f"{ip}/24", "dev", "ext0")
         node.nsexec("ip", "link", "set", "ext0", "up")
+        node.nsexec("ip", "link", "set", "ext0p", "up")
         node.nsexec("ip", "route", "add", "default", "via", "198.51.100.1", "dev", "ext0")
 
     def remove_external_default_route(self, node: Node) -> None:
