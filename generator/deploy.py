@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from python_on_whales import DockerClient, DockerException
 
-from generator import images
+from generator import diagnose, images
 from generator.config import Cluster, Node
 from generator.errors import DockerError, PhaseError
 from generator.render import wrapper_tag
@@ -25,6 +25,7 @@ from generator.render import wrapper_tag
 T = TypeVar("T")
 Report = Callable[[str], None]
 LOG_TAIL = 20
+DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 
 
 @dataclass(frozen=True)
@@ -209,32 +210,34 @@ class Deployment:
                 pull="never",
             )
         except DockerException as e:
-            raise PhaseError(
-                node.name, phase, _last_line(e.stderr), self._failing_tail(node)
-            ) from None
+            message, detail = _last_line(e.stderr), ""
+            failing = self._failing_service(node)
+            if failing:
+                service, check = failing
+                log = self._tail(node, service, lines=DIAGNOSE_LINES)
+                found = diagnose.cause(log)
+                message += f": {found}" if found else ""
+                detail = f"health check: {check}\n" if check else ""
+                tail = "\n".join(log.splitlines()[-LOG_TAIL:])
+                detail += f"last lines of {service} on {node.name}:\n{tail}"
+            raise PhaseError(node.name, phase, message, detail) from None
 
-    def _failing_tail(self, node: Node) -> str:
-        """The last log lines of the node's service that is not running or not healthy."""
+    def _failing_service(self, node: Node) -> tuple[str, str] | None:
+        """The node's service that is not running or not healthy, with its last health output."""
         for container in self.docker[node.name].compose.ps(all=True):
             state = container.state
             health = state.health.status if state.health else None
             if not state.running or health == "unhealthy" or health == "starting":
                 labels = container.config.labels or {}
-                service = labels.get("com.docker.compose.service", container.name)
                 log = state.health.log if state.health and state.health.log else []
                 last = (log[-1].output or "").strip() if log else ""
-                check = f"health check: {last}\n" if last else ""
-                return (
-                    f"{check}last lines of {service} on {node.name}:\n{self._tail(node, service)}"
-                )
-        return ""
+                return labels.get("com.docker.compose.service", container.name), last
+        return None
 
-    def _tail(self, node: Node, service: str) -> str:
+    def _tail(self, node: Node, service: str, lines: int = LOG_TAIL) -> str:
         try:
             return str(
-                self.docker[node.name].compose.logs(
-                    [service], tail=str(LOG_TAIL), no_log_prefix=True
-                )
+                self.docker[node.name].compose.logs([service], tail=str(lines), no_log_prefix=True)
             )
         except DockerException as e:
             return f"(logs unavailable: {_last_line(e.stderr)})"

@@ -26,3 +26,21 @@ def testbed():  # type: ignore[no-untyped-def]
     with running(3) as bed:
         bed.load_image(image)
         yield bed
+
+
+@pytest.fixture(scope="session")
+def vllm_testbed(testbed):  # type: ignore[no-untyped-def]
+    """The testbed's first two nodes with the real-vLLM image and the tiny model on each."""
+    import shutil
+    from pathlib import Path
+
+    from python_on_whales import DockerClient
+
+    from tests import images
+
+    root = DockerClient()
+    image, model = images.vllm_base(root), images.tiny_model(root)
+    testbed.load_image(image, nodes=testbed.nodes[:2])
+    for node in testbed.nodes[:2]:
+        shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+    return testbed

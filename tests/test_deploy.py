@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -14,8 +13,9 @@ from pathlib import Path
 import pytest
 from python_on_whales import Container, DockerClient
 
-from tests import images
-from tests.testbed import IFNAME, MODELS, Node, Testbed
+from tests import clusters, images
+from tests.clusters import cli, containers
+from tests.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -23,33 +23,7 @@ pytestmark = pytest.mark.testbed
 def write_config(
     path: Path, name: str, nodes: list[Node], contexts: list[str] | None = None
 ) -> Path:
-    contexts = contexts or [n.context for n in nodes]
-    lines = [
-        f"name: {name}",
-        f"image: {images.STANDIN}",
-        "accelerator: none",
-        f"interface: {IFNAME}",
-        "nodes:",
-        *(
-            f"  - {{name: {n.name}, ip: {n.ip}, context: {c}}}"
-            for n, c in zip(nodes, contexts, strict=True)
-        ),
-        f"model: {{path: {MODELS}}}",
-        "vllm: {port: 30000}",
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "generator", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    return clusters.write_config(path, name, nodes, images.STANDIN, contexts)
 
 
 @pytest.fixture
@@ -58,14 +32,6 @@ def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
     for config in tmp_path.glob("*.yaml"):
         cli("down", config, cwd=tmp_path)
     testbed.remove_containers()
-
-
-def containers(node: Node, project: str) -> dict[str, Container]:
-    docker = DockerClient(context=node.context)
-    found = docker.container.list(
-        all=True, filters=[("label", f"com.docker.compose.project={project}")]
-    )
-    return {c.config.labels["com.docker.compose.service"]: c for c in found}
 
 
 def first_healthy(container: Container) -> datetime:
@@ -145,11 +111,7 @@ def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack) -> 
     assert down.returncode == 0, down.stderr
     assert down.stdout.splitlines() == ["spark1: removed", "spark2: removed", "spark3: removed"]
     for node in bed.nodes:
-        docker = DockerClient(context=node.context)
-        label = [("label", "com.docker.compose.project=trio")]
-        assert docker.container.list(all=True, filters=label) == []
-        assert docker.volume.list(filters=label) == []
-        assert docker.network.list(filters=label) == []
+        assert clusters.leftovers(node, "trio") == []
 
 
 def test_a_changed_config_recreates_only_what_changed(stack) -> None:

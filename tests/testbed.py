@@ -176,19 +176,37 @@ class Testbed:
 
     # Images
 
-    def load_image(self, image: str, source: DockerClient | None = None) -> None:
-        """Copy an image from the root engine (or `source`) into every node that lacks that ID."""
+    def load_image(
+        self, image: str, source: DockerClient | None = None, nodes: list[Node] | None = None
+    ) -> None:
+        """Copy an image from the root engine (or `source`) into every node (or those given) that
+        lacks that ID, all at once."""
         source = source or DockerClient()
         wanted = source.image.inspect(image).id
-        for node in self.nodes:
+        lacking = []
+        for node in nodes or self.nodes:
             with contextlib.suppress(Exception):
                 if node.docker.image.inspect(image).id == wanted:
                     continue
+            lacking.append(node)
+        if lacking:
+            print(f"loading {image} into {', '.join(n.name for n in lacking)}", flush=True)
+        pipes = []
+        for node in lacking:
             save = subprocess.Popen(
                 [*source.client_config.docker_cmd, "save", image], stdout=subprocess.PIPE
             )
-            with save:
-                sh("docker", "--context", node.context, "load", stdin=save.stdout)
+            load = subprocess.Popen(
+                ["docker", "--context", node.context, "load", "-q"],
+                stdin=save.stdout,
+                stdout=subprocess.DEVNULL,
+            )
+            assert save.stdout is not None
+            save.stdout.close()  # the load owns the pipe now
+            pipes.append((node, save, load))
+        for node, save, load in pipes:
+            if load.wait() != 0 or save.wait() != 0:
+                raise RuntimeError(f"loading {image} into {node.name} failed")
 
     # Faults
 

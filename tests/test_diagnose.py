@@ -1,0 +1,51 @@
+"""The cause named from a failed service's log. The log lines are excerpts of real vLLM 0.32.0
+logs seen on the testbed."""
+
+from __future__ import annotations
+
+from generator import diagnose
+
+VLLM_RAY_ON_CPU = """\
+(APIServer pid=261) WARNING 11-30 10:06:54 [system_utils.py:255] Found ulimit of 20000 and failed \
+to automatically increase with error current limit exceeds maximum limit. This can cause fd limit \
+errors like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n
+2026-11-30 10:07:08,109	INFO worker.py:2024 -- Connected to Ray cluster.
+(EngineCore pid=327) ERROR 11-30 10:07:08 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=327) ERROR 11-30 10:07:08 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=327) ERROR 11-30 10:07:08 [core.py:1510]     super().__init__(vllm_config)
+(EngineCore pid=327) ERROR 11-30 10:07:08 [core.py:1510] ValueError: current platform cpu does \
+not support ray.
+Traceback (most recent call last):
+  File "/opt/site/vllm/v1/engine/utils.py", line 1431, in wait_for_engine_startup
+    raise RuntimeError(
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+SHM = """\
+(EngineCore pid=26) ERROR 11-30 10:02:17 [core.py:1510]     raise RuntimeError(
+(EngineCore pid=26) ERROR 11-30 10:02:17 [core.py:1510] RuntimeError: Insufficient space in \
+/dev/shm for shared-memory allocation: 160 MiB required, 64 MiB free. Increase /dev/shm (e.g. \
+--shm-size or --ipc=host).
+"""
+
+
+def test_the_root_cause_not_the_wrapper_nor_a_warning_quoting_an_error() -> None:
+    assert (
+        diagnose.cause(VLLM_RAY_ON_CPU) == "ValueError: current platform cpu does not support ray."
+    )
+
+
+def test_a_prefixed_runtime_error() -> None:
+    assert diagnose.cause(SHM) == (
+        "RuntimeError: Insufficient space in /dev/shm for shared-memory allocation: 160 MiB "
+        "required, 64 MiB free. Increase /dev/shm (e.g. --shm-size or --ipc=host)."
+    )
+
+
+def test_plain_traceback_and_dotted_names() -> None:
+    log = "Traceback (most recent call last):\n  File 'x'\nray.exceptions.RaySystemError: gone\n"
+    assert diagnose.cause(log) == "ray.exceptions.RaySystemError: gone"
+
+
+def test_no_exception_no_cause() -> None:
+    assert diagnose.cause("INFO started\nWARNING slow\n") is None
