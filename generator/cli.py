@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from generator import __version__, config, deploy, output, reference, render
+from generator import preflight as preflight_checks
 from generator.errors import DockerError, VllmComposeError
 
 app = typer.Typer(
@@ -98,14 +99,42 @@ def up(
     serve_timeout: Annotated[
         int | None, typer.Option(help="Seconds for serve's gate [default: vllm.startup_timeout].")
     ] = None,
+    skip_preflight: Annotated[
+        bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")
+    ] = False,
 ) -> None:
-    """Render, then start every node over its context: head's Ray, workers' Ray, serve."""
+    """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
+    serve."""
     deployment = _deployment(path, outdir)
-    result = deployment.up(deploy.Timeouts(join=join_timeout, serve=serve_timeout))
+    timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
+    result = deployment.up(timeouts, checks=not skip_preflight)
     for node, what in result.images.items():
         out.print(f"image on {node}: {what}")
     out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
     out.print(f"ready: {result.endpoint}")
+
+
+@app.command()
+def preflight(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Check every node before starting: contexts, interface and IP, reach between every pair,
+    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports."""
+    checks, seconds = _deployment(path, outdir).preflight()
+    failures = [c for c in checks if c.status == "fail"]
+    if as_json:
+        out.print(preflight_checks.as_json(checks), markup=False)
+    else:
+        for check in checks:
+            out.print(check.line(), markup=False)
+        out.print(f"{len(checks)} checks in {seconds:.1f} s: {len(failures)} failed", markup=False)
+    if failures:
+        first = failures[0]
+        raise VllmComposeError(
+            f"preflight: {len(failures)} failed; first: {first.node}: {first.cause}"
+        )
 
 
 @app.command()

@@ -15,17 +15,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from python_on_whales import DockerClient, DockerException
 
-from generator import diagnose, images
+from generator import diagnose, images, preflight
 from generator.config import Cluster, Node
-from generator.errors import DockerError, PhaseError
+from generator.errors import DockerError, PhaseError, PreflightError
+from generator.fanout import Report, last_line, parallel
 from generator.render import node_stacks, wrapper_tag
 
-T = TypeVar("T")
-Report = Callable[[str], None]
 LOG_TAIL = 20
 PROBE_EVERY = 5  # seconds between readiness probes until the log says the server started
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
@@ -55,55 +54,6 @@ def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
     )
 
 
-def parallel(
-    phase: str, work: dict[str, Callable[[], T]], timeout: float, report: Report
-) -> dict[str, T]:
-    """Run one callable per node at once; report progress every few seconds; the first failure
-    (or the deadline) becomes a PhaseError naming the node. Daemon threads: a phase that timed out
-    does not hold the command open while a docker call it started finishes."""
-    results: dict[str, T] = {}
-    errors: dict[str, BaseException] = {}
-
-    def run(name: str, fn: Callable[[], T]) -> None:
-        try:
-            results[name] = fn()
-        except BaseException as e:  # re-raised below as a PhaseError
-            errors[name] = e
-
-    threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
-    for thread in threads.values():
-        thread.start()
-    start = time.monotonic()
-    while True:
-        if errors:
-            name = next(iter(errors))
-            raise _phase_error(phase, name, errors[name])
-        pending = [n for n, t in threads.items() if t.is_alive()]
-        if not pending:
-            return results
-        elapsed = time.monotonic() - start
-        if elapsed > timeout:
-            raise PhaseError(pending[0], phase, f"timed out after {timeout:g} s")
-        threads[pending[0]].join(timeout=min(5.0, timeout - elapsed + 0.1))
-        if threads[pending[0]].is_alive():
-            report(f"{phase}: waiting for {', '.join(pending)} ({time.monotonic() - start:.0f} s)")
-
-
-def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseError:
-    if isinstance(error, PhaseError):
-        return error
-    if isinstance(error, DockerError):
-        return PhaseError(node, phase, error.message, error.detail)
-    if isinstance(error, DockerException):
-        return PhaseError(node, phase, _last_line(error.stderr), error.stderr or "")
-    return PhaseError(node, phase, str(error))
-
-
-def _last_line(text: str | None) -> str:
-    lines = [line for line in (text or "").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "docker failed"
-
-
 class Deployment:
     def __init__(self, cluster: Cluster, outdir: Path, report: Report) -> None:
         self.cluster = cluster
@@ -113,11 +63,13 @@ class Deployment:
 
     # up
 
-    def up(self, timeouts: Timeouts = Timeouts()) -> Result:
+    def up(self, timeouts: Timeouts = Timeouts(), checks: bool = True) -> Result:
         result = Result()
         c = self.cluster
         self._phase(result, "contexts", lambda: self._contexts_answer(timeouts.contexts))
-        self._phase(result, "image", lambda: result.images.update(self._images()))
+        self._phase(result, "image", lambda: result.images.update(self._images(c.nodes)))
+        if checks:
+            self._phase(result, "preflight", self._preflight_passes)
         if c.backend == "ray":
             self._phase(result, "ray-head", lambda: self._ray_head(timeouts.ray_head))
             self._phase(result, "ray-workers", lambda: self._workers_up(timeouts.join))
@@ -151,17 +103,55 @@ class Deployment:
 
         parallel("contexts", {n.name: probe(n) for n in self.cluster.nodes}, timeout, self.report)
 
-    def _images(self) -> dict[str, str]:
-        targets = [
-            images.Target(n.name, self.docker[n.name], self.outdir / n.name)
-            for n in self.cluster.nodes
-        ]
+    def _images(self, nodes: list[Node]) -> dict[str, str]:
+        targets = [images.Target(n.name, self.docker[n.name], self.outdir / n.name) for n in nodes]
         try:
             return images.distribute(
                 targets, wrapper_tag(self.cluster), self.cluster.image, self.report
             )
         except DockerError as e:
             raise PhaseError(e.node, "image", e.message, e.detail) from None
+
+    # preflight
+
+    def preflight(self) -> tuple[list[preflight.Check], float]:
+        """Every check, on every node whose context answers; and how long they took."""
+        start = time.monotonic()
+        checks = preflight.contexts(self.cluster, self.docker, self.report)
+        alive = {c.node for c in checks if c.status == "pass"}
+        live = [n for n in self.cluster.nodes if n.name in alive]
+        if live:
+            self._images(live)
+        more, facts = preflight.gather(self.cluster, self.docker, live, self.report)
+        checks += more + preflight.evaluate(self.cluster, facts, self._bases(live), self._serving())
+        return checks, time.monotonic() - start
+
+    def _preflight_passes(self) -> None:
+        """Within up: the contexts answered and the image is everywhere; the rest must pass."""
+        start = time.monotonic()
+        nodes = self.cluster.nodes
+        checks, facts = preflight.gather(self.cluster, self.docker, nodes, self.report)
+        checks += preflight.evaluate(self.cluster, facts, self._bases(nodes), self._serving())
+        failures = [c.line() for c in checks if c.status == "fail"]
+        if failures:
+            raise PreflightError(failures, time.monotonic() - start)
+
+    def _bases(self, nodes: list[Node]) -> dict[str, str | None]:
+        """node -> the ID of its base image, None where only the wrapper is there."""
+        found: dict[str, str | None] = {}
+        for node in nodes:
+            try:
+                found[node.name] = self.docker[node.name].image.inspect(self.cluster.image).id
+            except DockerException:
+                found[node.name] = None
+        return found
+
+    def _serving(self) -> bool:
+        head = self.cluster.head
+        try:
+            return self._running(head, "serve")
+        except DockerException:
+            return False
 
     def _ray_head(self, timeout: float) -> None:
         head = self.cluster.head
@@ -230,7 +220,7 @@ class Deployment:
                     docker.compose.execute(service, probe, tty=False)
                     return
                 except DockerException as e:
-                    last = _last_line(e.stderr)
+                    last = last_line(e.stderr)
                 if not self._running(node, service):
                     self._raise_failed(node, phase, f"{service} stopped")
             if now - start > limit:
@@ -293,7 +283,7 @@ class Deployment:
                 pull="never",
             )
         except DockerException as e:
-            self._raise_failed(node, phase, _last_line(e.stderr))
+            self._raise_failed(node, phase, last_line(e.stderr))
 
     def _raise_failed(self, node: Node, phase: str, message: str) -> NoReturn:
         """A PhaseError with the cause read from the failing service's log, its last health
@@ -328,7 +318,7 @@ class Deployment:
                 self.docker[node.name].compose.logs([service], tail=str(lines), no_log_prefix=True)
             )
         except DockerException as e:
-            return f"(logs unavailable: {_last_line(e.stderr)})"
+            return f"(logs unavailable: {last_line(e.stderr)})"
 
     # down
 
@@ -341,7 +331,7 @@ class Deployment:
                 self.docker[node.name].compose.down(remove_orphans=True, volumes=True, quiet=True)
                 outcome[node.name] = "removed"
             except DockerException as e:
-                outcome[node.name] = f"failed: {_last_line(e.stderr)}"
+                outcome[node.name] = f"failed: {last_line(e.stderr)}"
 
         threads = [threading.Thread(target=one, args=(n,)) for n in self.cluster.nodes]
         for thread in threads:
@@ -369,7 +359,7 @@ class Deployment:
                         }
                     )
             except DockerException as e:
-                row["error"] = _last_line(e.stderr)
+                row["error"] = last_line(e.stderr)
             if self.cluster.backend == "ray":
                 row["ray_alive_at_ip"] = str(node.ip) in alive if alive is not None else None
             rows.append(row)
@@ -397,7 +387,7 @@ class Deployment:
                     for line in chunk.decode(errors="replace").splitlines():
                         lines.put(f"{n.name} | {line}")
             except DockerException as e:
-                lines.put(f"{n.name} | (logs unavailable: {_last_line(e.stderr)})")
+                lines.put(f"{n.name} | (logs unavailable: {last_line(e.stderr)})")
             finally:
                 lines.put(None)
 

@@ -3,8 +3,9 @@
 VllmComposeError            one line, plus an optional hint; cli.main() prints it and exits
 ├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
 ├── OutputError             a rendered file could not be written
-└── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
-    └── PhaseError          a bring-up phase failed or timed out on a node
+├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
+│   └── PhaseError          a bring-up phase failed or timed out on a node
+└── PreflightError          preflight checks failed: one line per failed check
 """
 
 from __future__ import annotations
@@ -54,3 +55,16 @@ class PhaseError(DockerError):
     def __init__(self, node: str, phase: str, message: str, detail: str = "") -> None:
         super().__init__(node, f"phase '{phase}' failed: {message}", detail)
         self.phase = phase
+
+
+class PreflightError(VllmComposeError):
+    def __init__(self, failures: list[str], seconds: float) -> None:
+        n = len(failures)
+        super().__init__(
+            f"preflight: {n} check{'s' if n != 1 else ''} failed in {seconds:.1f} s",
+            hint="fix these, or skip them with --skip-preflight",
+        )
+        self.failures = failures
+
+    def lines(self) -> list[str]:
+        return [self.message, *(f"  {line}" for line in self.failures), f"hint: {self.hint}"]

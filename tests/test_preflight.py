@@ -1,0 +1,139 @@
+"""Preflight's checks as pure functions of the config and the facts each node reported. Facts here
+are written by hand (the shape `vllm-compose-health facts` prints); the testbed tests in
+test_preflight_testbed.py produce them for real, from injected faults."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from generator import config, preflight
+from tests.test_config import CASES
+
+# Ray backend, spark-1 .12 head, spark-2 .13; the Spark profile asks for unlimited memlock.
+SAMPLE = config.load(CASES / "sample.yaml").model_copy(update={"profile": "dgx-spark"})
+MODEL = {"config.json": 700, "model-00001.safetensors": 5_000_000_000}
+BASE = "sha256:" + "a" * 64
+
+
+def facts(ip: str, peer: str, **changes: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "interface": {"exists": True, "up": True, "addresses": [ip]},
+        "reach": {"to": {peer: "ok"}, "heard_from": [peer]},
+        "versions": {"python": "3.12.3", "vllm": "0.32.0", "ray": "2.58.0", "torch": "2.13.0"},
+        "ray_on_path": True,
+        "model": dict(MODEL),
+        "shm_bytes": 60 << 30,
+        "memlock": -1,
+        "memory_monitor": "0",
+        "api_port_free": True,
+        "rdma": {"rocep1s0f1/1": "ACTIVE"},
+        "gpus": 1,
+    }
+    found.update(copy.deepcopy(changes))
+    return found
+
+
+def healthy() -> dict[str, dict[str, Any]]:
+    return {
+        "spark-1": facts("192.168.200.12", "192.168.200.13"),
+        "spark-2": facts("192.168.200.13", "192.168.200.12", api_port_free=None),
+    }
+
+
+def failures(all_facts: dict[str, Any], bases: dict[str, str | None] | None = None) -> list[str]:
+    bases = bases or {"spark-1": BASE, "spark-2": BASE}
+    return [
+        f"{c.name} {c.node}: {c.cause}"
+        for c in preflight.evaluate(SAMPLE, all_facts, bases)
+        if c.status == "fail"
+    ]
+
+
+def test_a_healthy_pair_passes_every_check() -> None:
+    checks = preflight.evaluate(SAMPLE, healthy(), {"spark-1": BASE, "spark-2": BASE})
+    assert [c for c in checks if c.status != "pass"] == []
+    assert {c.name for c in checks} == {
+        "config", "image", "interface", "reach", "ray", "model", "shm", "memlock",
+        "mem-monitor", "rdma", "gpus", "versions", "api-port",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("node", "change", "expected"),
+    [
+        ("spark-2", {"interface": {"exists": False, "up": False, "addresses": []}},
+         "interface spark-2: enp1s0f1np1 does not exist"),
+        ("spark-2", {"interface": {"exists": True, "up": False, "addresses": []}},
+         "interface spark-2: enp1s0f1np1 is down"),
+        ("spark-1", {"interface": {"exists": True, "up": True, "addresses": ["10.1.1.1"]}},
+         "interface spark-1: enp1s0f1np1 carries 10.1.1.1, not 192.168.200.12"),
+        ("spark-2", {"reach": {"to": {"192.168.200.12": "timed out"}, "heard_from": []}},
+         "reach spark-2: cannot reach spark-1 at 192.168.200.12 over TCP: timed out"),
+        ("spark-2", {"ray_on_path": False},
+         "ray spark-2: hellohal2064/vllm-qwen3.5-gb10:latest has no 'ray' on PATH"),
+        ("spark-2", {"model": None}, "model spark-2: /models/Qwen3.5-122B-A10B-FP8 is missing"),
+        ("spark-2", {"model": {"config.json": 700}},
+         "model spark-2: /models/Qwen3.5-122B-A10B-FP8 differs from spark-1's: "
+         "missing: model-00001.safetensors"),
+        ("spark-2", {"model": {"config.json": 700, "model-00001.safetensors": 4096}},
+         "model spark-2: /models/Qwen3.5-122B-A10B-FP8 differs from spark-1's: "
+         "size differs: model-00001.safetensors"),
+        ("spark-2", {"model": {"config.json": 700, "model-00001.safetensors": -1}},
+         "model spark-2: /models/Qwen3.5-122B-A10B-FP8: dangling symlinks: model-00001.safetensors"),
+        ("spark-1", {"shm_bytes": 64 << 20},
+         "shm spark-1: /dev/shm is 64 MiB in the container, at least 1024 MiB needed"),
+        ("spark-2", {"memory_monitor": None},
+         "mem-monitor spark-2: RAY_memory_monitor_refresh_ms=None: Ray may kill workers during "
+         "the load"),
+        ("spark-1", {"api_port_free": False},
+         "api-port spark-1: port 30000 on 192.168.200.12 is already in use"),
+        ("spark-2", {"versions": {"python": "3.12.3", "vllm": "0.31.0", "ray": "2.58.0",
+                                  "torch": "2.13.0"}},
+         "versions all: vllm differs: spark-1 0.32.0, spark-2 0.31.0"),
+        ("spark-2", {"gpus": 0}, "gpus spark-2: 0 GPUs visible, 1 configured"),
+        ("spark-2", {"memlock": 65536},
+         "memlock spark-2: locked memory is limited to 64 KiB in the container: RDMA registration "
+         "fails"),
+        ("spark-2", {"rdma": {"rocep1s0f1/1": "DOWN"}},
+         "rdma spark-2: RDMA ports not active: rocep1s0f1/1"),
+    ],
+)  # fmt: skip
+def test_each_fault_is_named_alone(node: str, change: dict[str, Any], expected: str) -> None:
+    found = healthy()
+    found[node].update(change)
+    assert failures(found) == [expected]
+
+
+def test_different_base_images_are_named() -> None:
+    other = "sha256:" + "b" * 64
+    assert failures(healthy(), {"spark-1": BASE, "spark-2": other}) == [
+        "image all: hellohal2064/vllm-qwen3.5-gb10:latest is a different image on spark-2 than on "
+        "spark-1: spark-1 aaaaaaaaaaaa, spark-2 bbbbbbbbbbbb"
+    ]
+
+
+def test_a_node_holding_only_the_streamed_wrapper_is_not_compared() -> None:
+    assert failures(healthy(), {"spark-1": BASE, "spark-2": None}) == []
+
+
+def test_the_api_port_taken_by_this_stacks_own_serve_passes() -> None:
+    found = healthy()
+    found["spark-1"]["api_port_free"] = False
+    checks = preflight.evaluate(SAMPLE, found, {"spark-1": BASE, "spark-2": BASE}, serving=True)
+    assert [c.cause for c in checks if c.name == "api-port"] == ["port 30000 is this stack's serve"]
+
+
+def test_native_backend_and_no_accelerator_skip_what_does_not_apply() -> None:
+    native = SAMPLE.model_copy(update={"backend": "native", "accelerator": "none"})
+    checks = preflight.evaluate(native, healthy(), {"spark-1": BASE, "spark-2": BASE})
+    skipped = sorted({c.name for c in checks if c.status == "skip"})
+    assert skipped == ["gpus", "mem-monitor", "ray", "rdma"]
+
+
+def test_a_node_without_facts_is_left_out_not_failed() -> None:
+    found = healthy()
+    del found["spark-2"]
+    assert failures(found) == []
