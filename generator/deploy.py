@@ -239,6 +239,8 @@ class Deployment:
                 lines, started = None, True
             elif STARTED in line:
                 started = True
+            elif tripped := diagnose.guard(line):
+                self._raise_failed(node, phase, tripped.cause, tripped.hint, line.strip())
 
     @contextlib.contextmanager
     def _follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:
@@ -285,20 +287,27 @@ class Deployment:
         except DockerException as e:
             self._raise_failed(node, phase, last_line(e.stderr))
 
-    def _raise_failed(self, node: Node, phase: str, message: str) -> NoReturn:
+    def _raise_failed(
+        self,
+        node: Node,
+        phase: str,
+        message: str,
+        hint: str | None = None,
+        seen: str | None = None,
+    ) -> NoReturn:
         """A PhaseError with the cause read from the failing service's log, its last health
-        output and its last log lines."""
-        detail = ""
-        failing = self._failing_service(node)
+        output and its last log lines. `seen`: the log line that tripped a guard."""
+        detail = f"log line: {seen}\n" if seen else ""
+        failing = None if seen else self._failing_service(node)
         if failing:
             service, check = failing
             log = self._tail(node, service, lines=DIAGNOSE_LINES)
             found = diagnose.cause(log)
             message += f": {found}" if found else ""
-            detail = f"health check: {check}\n" if check else ""
+            detail += f"health check: {check}\n" if check else ""
             tail = "\n".join(log.splitlines()[-LOG_TAIL:])
             detail += f"last lines of {service} on {node.name}:\n{tail}"
-        raise PhaseError(node.name, phase, message, detail) from None
+        raise PhaseError(node.name, phase, message, detail, hint) from None
 
     def _failing_service(self, node: Node) -> tuple[str, str] | None:
         """The node's service that is not running or not healthy, with its last health output."""

@@ -52,8 +52,10 @@ class DockerError(VllmComposeError):
 
 
 class PhaseError(DockerError):
-    def __init__(self, node: str, phase: str, message: str, detail: str = "") -> None:
-        super().__init__(node, f"phase '{phase}' failed: {message}", detail)
+    def __init__(
+        self, node: str, phase: str, message: str, detail: str = "", hint: str | None = None
+    ) -> None:
+        super().__init__(node, f"phase '{phase}' failed: {message}", detail, hint)
         self.phase = phase
 
 

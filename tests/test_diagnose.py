@@ -49,3 +49,27 @@ def test_plain_traceback_and_dotted_names() -> None:
 
 def test_no_exception_no_cause() -> None:
     assert diagnose.cause("INFO started\nWARNING slow\n") is None
+
+
+def test_guards_trip_on_the_lines_vllm_and_ray_print() -> None:
+    # The texts as vLLM 0.32.0 formats them (vllm/v1/executor/ray_utils.py,
+    # vllm/utils/system_utils.py) and as Ray's raylet reports an OOM kill.
+    placement = (
+        "(EngineCore pid=80) INFO 11-30 10:07:18 [ray_utils.py:468] Waiting for creating a "
+        "placement group of specs for 10 seconds. specs=[{'GPU': 1.0, 'node:192.168.200.12': "
+        "0.001}, {'GPU': 1.0}]. Check `ray status` and `ray list nodes` to see if you have enough "
+        "resources"
+    )
+    overwrite = (
+        "(RayWorkerWrapper pid=311) WARNING 11-30 10:08:01 [system_utils.py:34] Overwriting "
+        "environment variable NCCL_SOCKET_IFNAME from 'enp1s0f1np1' to 'eth0'"
+    )
+    oom = (
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory. "
+        "Ray killed this worker (ID: 4f1e) because it was the most recently scheduled task"
+    )
+    assert diagnose.guard(placement).marker == "Waiting for creating a placement group"
+    assert diagnose.guard(overwrite).marker == "Overwriting environment variable NCCL_"
+    assert diagnose.guard(oom).marker == "Ray killed this worker"
+    assert diagnose.guard("(RayWorkerWrapper) Overwriting environment variable HF_HOME") is None
+    assert diagnose.guard("INFO Application startup complete.") is None
