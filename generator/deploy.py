@@ -177,7 +177,10 @@ class Deployment:
         every start; polling faster would steal CPU from the model load."""
         head = self.cluster.head
         self._compose_up(head, ["serve"], wait=None, phase="serve")
-        self._await(head, "serve", self._probe(head, "serve"), timeout, "serve", follow=True)
+        # Native: a headless rank that dies leaves rank 0 waiting for it; watch them too.
+        ranks = self.cluster.workers if self.cluster.backend == "native" else []
+        probe = self._probe(head, "serve")
+        self._await(head, "serve", probe, timeout, "serve", follow=True, ranks=ranks)
 
     def _probe(self, node: Node, service: str) -> list[str]:
         stack = next(s for s in node_stacks(self.cluster, "") if s.node == node)
@@ -193,12 +196,13 @@ class Deployment:
         limit: float,
         phase: str,
         follow: bool = False,
+        ranks: list[Node] | None = None,
     ) -> None:
         """Run `probe` in the service's container until it passes: every PROBE_EVERY seconds, and
         every second once the log (when followed) says the server started. Fails at once when the
         container stops, with the cause from its log."""
         with self._follow(node, service) if follow else contextlib.nullcontext() as lines:
-            self._poll(node, service, probe, limit, phase, lines)
+            self._poll(node, service, probe, limit, phase, lines, ranks or [])
 
     def _poll(
         self,
@@ -208,6 +212,7 @@ class Deployment:
         limit: float,
         phase: str,
         lines: queue.Queue[str | None] | None,
+        ranks: list[Node],
     ) -> None:
         docker = self.docker[node.name]
         start = reported = time.monotonic()
@@ -221,8 +226,9 @@ class Deployment:
                     return
                 except DockerException as e:
                     last = last_line(e.stderr)
-                if not self._running(node, service):
-                    self._raise_failed(node, phase, f"{service} stopped")
+                for other in [node, *ranks]:
+                    if not self._running(other, service):
+                        self._raise_failed(other, phase, f"{service} stopped")
             if now - start > limit:
                 self._raise_failed(node, phase, f"not ready after {limit:g} s: {last}")
             if now - reported >= 5:

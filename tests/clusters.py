@@ -9,7 +9,19 @@ from pathlib import Path
 
 from python_on_whales import Container, DockerClient
 
-from tests.testbed import IFNAME, MODELS, Node
+from tests.testbed import IFNAME, MODELS, Node, Testbed
+
+# What the Ray STAND-IN serves (it loads nothing): a model folder with a file, on every node, so
+# preflight's model check has something to compare.
+STANDIN_MODEL = f"{MODELS}/standin-model"
+
+
+def place_standin_model(bed: Testbed) -> None:
+    for node in bed.nodes:
+        folder = Path(node.models) / "standin-model"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text('{"model_type": "stand-in"}\n')
+        (folder / "weights.bin").write_bytes(bytes(4096))
 
 
 def write_config(
@@ -19,8 +31,9 @@ def write_config(
     image: str,
     contexts: list[str] | None = None,
     backend: str = "ray",
-    model: str = MODELS,
+    model: str = STANDIN_MODEL,
     vllm: str = "{port: 30000}",
+    extra: str = "",
 ) -> Path:
     contexts = contexts or [n.context for n in nodes]
     lines = [
@@ -36,6 +49,7 @@ def write_config(
         ),
         f"model: {{path: {model}}}",
         f"vllm: {vllm}",
+        *([extra] if extra else []),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -16,15 +16,17 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def testbed():  # type: ignore[no-untyped-def]
-    """Three emulated nodes with their own engines, the Ray stand-in image loaded on each."""
+    """Three emulated nodes with their own engines, the Ray stand-in image and its model folder
+    on each."""
     from python_on_whales import DockerClient
 
-    from tests import images
+    from tests import clusters, images
     from tests.testbed import running
 
     image = images.standin_base(DockerClient())
     with running(3) as bed:
         bed.load_image(image)
+        clusters.place_standin_model(bed)
         yield bed
 
 

@@ -302,9 +302,18 @@ class Testbed:
                 text = text[:start] + text[end:]
             config.write_text(text)
 
+    def shm_size(self, node: Node, size: str) -> None:
+        """Resize the node's own /dev/shm (in its engine's mount namespace), e.g. "64m"."""
+        pid = Path(node.pidfile).read_text().strip()
+        sh("nsenter", "-t", pid, "-m", "mount", "-o", f"remount,size={size}", "/dev/shm")
+
     def remove_path(self, node: Node, relative: str) -> None:
         """Remove a file or folder under the node's own MODELS folder."""
-        shutil.rmtree(Path(node.models) / relative, ignore_errors=True)
+        path = Path(node.models) / relative
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
     # Tearing down
 
