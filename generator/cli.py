@@ -50,9 +50,12 @@ def _render(
     target = outdir or Path("compose") / cluster.name
     files = render.render(cluster, path.name)
     changes = output.plan(files, target)
+    # As a step of another command, what changed goes to stderr: stdout stays that command's
+    # (`status --json`, `preflight --json`).
+    shown = err if quiet else out
     for change in changes:
         if not (quiet and change.action == "identical"):
-            out.print(f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}")
+            shown.print(f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}")
         if dry_run and change.action != "identical":
             out.print(change.diff(), end="", markup=False)
     for folder in output.stale(files, target):

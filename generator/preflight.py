@@ -102,8 +102,13 @@ def gather(
     gathered: dict[str, Facts] = {}
     for node in live:
         outcome = found[node.name]
-        if isinstance(outcome, BaseException):
-            cause = f"the preflight container failed: {_why(outcome)}"
+        error = _why(outcome) if isinstance(outcome, BaseException) else ""
+        if "bind source path does not exist" in error:
+            # The stack mounts the model without creating it: its container cannot start here.
+            cause = f"{cluster.model.path} is missing (the node's other checks need it to run)"
+            checks.append(failed("model", node.name, cause, "copy the model to every node"))
+        elif isinstance(outcome, BaseException):
+            cause = f"the preflight container failed: {error}"
             checks.append(failed("container", node.name, cause, "vllm-compose logs CONFIG"))
         else:
             gathered[node.name] = outcome

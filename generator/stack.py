@@ -33,8 +33,9 @@ class Service:
     # Ray >= 2.5x finds the local raylet by scanning processes: a driver in another container must
     # see the head's processes, not only its /tmp/ray sockets (FAILURES #13).
     pid_of: str | None = None
-    volumes: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)  # named volumes, "name:/path"
     environment: dict[str, str] = field(default_factory=dict)
+    model: str | None = None  # the model folder, bind-mounted read-only at the same path
 
     def fingerprint(self, stack: NodeStack) -> str:
         """Hash of everything this service is rendered from. Its label changes only when the
@@ -88,11 +89,6 @@ class NodeStack:
         return env | dict(self.cluster.env)
 
     @property
-    def volumes(self) -> list[str]:
-        path = self.cluster.model.path
-        return [f"{path}:{path}:ro"]
-
-    @property
     def labels(self) -> dict[str, str]:
         return {
             "io.vllm-compose.cluster": self.cluster.name,
@@ -106,12 +102,8 @@ class NodeStack:
             own = [self._native_serve()]
         else:
             own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
-        return [
-            replace(
-                s, environment=self.environment | s.environment, volumes=self.volumes + s.volumes
-            )
-            for s in own
-        ]
+        model = self.cluster.model.path
+        return [replace(s, environment=self.environment | s.environment, model=model) for s in own]
 
     @property
     def named_volumes(self) -> list[str]:
