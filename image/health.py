@@ -182,7 +182,10 @@ def version(dist):
 
 
 def port_free(ip, port):
+    """Whether a server could listen there. SO_REUSEADDR, as servers set it: connections of a
+    stopped server lingering in TIME_WAIT do not count as taken."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((ip, port))
         return True
