@@ -160,21 +160,21 @@ def evaluate(
     the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
     running on the head (so the API port is taken by it)."""
     nodes = [n for n in cluster.nodes if n.name in facts]
-    checks = [_config(cluster)]
-    checks += [_images(cluster, bases)]
-    for node in nodes:
-        f = facts[node.name]
-        checks.append(_interface(cluster, node, f))
-        checks += _reach(cluster, node, f, nodes)
-        checks.append(_ray(cluster, node, f))
-        checks.append(_model(cluster, node, f, facts.get(cluster.head.name)))
-        checks.append(_shm(node, f))
-        checks.append(_memlock(cluster, node, f))
-        checks.append(_memory_monitor(cluster, node, f))
-        checks += _hardware(cluster, node, f)
+    checks = [_config(cluster), _images(cluster, bases)]
+    # Check by check, not node by node: a cause (an interface down) is listed before what it
+    # causes (peers that cannot reach that node).
+    checks += [_interface(cluster, n, facts[n.name]) for n in nodes]
+    checks += [c for n in nodes for c in _reach(cluster, n, facts[n.name], nodes)]
+    checks += [_ray(cluster, n, facts[n.name]) for n in nodes]
     checks.append(_versions(nodes, facts))
-    if cluster.head.name in facts:
-        checks.append(_api_port(cluster, facts[cluster.head.name], serving))
+    head = facts.get(cluster.head.name)
+    checks += [_model(cluster, n, facts[n.name], head) for n in nodes]
+    checks += [_shm(n, facts[n.name]) for n in nodes]
+    checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
+    checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
+    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name])]
+    if head is not None:
+        checks.append(_api_port(cluster, head, serving))
     return checks
 
 
