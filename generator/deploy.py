@@ -225,7 +225,7 @@ class Deployment:
                     docker.compose.execute(service, probe, tty=False)
                     return
                 except DockerException as e:
-                    last = last_line(e.stderr)
+                    last = last_line(e.stderr).removeprefix("vllm-compose-health: ")
                 for other in [node, *ranks]:
                     if not self._running(other, service):
                         self._raise_failed(other, phase, f"{service} stopped")
