@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from generator import __version__, config, deploy, output, reference, render
+from generator import __version__, config, deploy, lock, output, reference, render
 from generator import preflight as preflight_checks
 from generator.errors import DockerError, VllmComposeError
 
@@ -24,6 +24,9 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The cluster config (YAML).", show_default=False)]
+UpdateLockOpt = Annotated[
+    bool, typer.Option("--update-lock", help="Re-lock from the head first, accepting drift.")
+]
 OutdirOpt = Annotated[
     Path | None, typer.Option("-o", "--output", help="Compose folders [default: compose/NAME].")
 ]
@@ -65,9 +68,36 @@ def _render(
     return target
 
 
-def _deployment(path: Path, outdir: Path | None) -> deploy.Deployment:
+def _deployment(
+    path: Path, outdir: Path | None, strict: bool = False, update_lock: bool = False
+) -> deploy.Deployment:
+    """The deployment of the config, pinned by its lock when it has one. `strict` (commands that
+    start things): a config changed since its lock is an error; `update_lock` re-locks first."""
     cluster = _load(path)
-    return deploy.Deployment(cluster, _render(path, cluster, outdir), _progress)
+    locked = lock.read(path)
+    if update_lock:
+        locked = _lock(path, cluster, outdir)
+    if locked and strict:
+        drift = lock.config_drift(cluster, locked)
+        if drift:
+            raise lock.DriftError(drift, lock.path_for(path))
+    if locked:
+        cluster = lock.pinned(cluster, locked)
+    outdir_ = _render(path, cluster, outdir)
+    return deploy.Deployment(cluster, outdir_, _progress, locked, lock.path_for(path))
+
+
+def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
+    resolved = deploy.Deployment(cluster, _render(path, cluster, outdir), _progress).resolve()
+    written = lock.write(path, resolved)
+    files = resolved["model"]["files"]
+    size = sum(f["size"] for f in files.values())
+    out.print(f"locked {written}: {cluster.image} = {resolved['image']['id']}")
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(resolved["versions"].items()) if v)
+    out.print(f"  versions: {versions}")
+    revision = resolved["model"]["revision"] or "none (not an HF cache snapshot)"
+    out.print(f"  model: {len(files)} files, {size / 1e9:.2f} GB, revision {revision}")
+    return resolved
 
 
 @app.command()
@@ -91,7 +121,14 @@ def render_cmd(
     ] = False,
 ) -> None:
     """Render one compose folder per node."""
-    _render(path, _load(path), outdir, dry_run, quiet=False)
+    cluster = _load(path)
+    locked = lock.read(path)
+    if locked:
+        drift = lock.config_drift(cluster, locked)
+        if drift:
+            raise lock.DriftError(drift, lock.path_for(path))
+        cluster = lock.pinned(cluster, locked)
+    _render(path, cluster, outdir, dry_run, quiet=False)
 
 
 @app.command()
@@ -105,16 +142,50 @@ def up(
     skip_preflight: Annotated[
         bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")
     ] = False,
+    update_lock: UpdateLockOpt = False,
 ) -> None:
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
-    serve."""
-    deployment = _deployment(path, outdir)
+    serve. With a lock beside the config, the locked image and model or an error."""
+    deployment = _deployment(path, outdir, strict=True, update_lock=update_lock)
     timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
     result = deployment.up(timeouts, checks=not skip_preflight)
     for node, what in result.images.items():
         out.print(f"image on {node}: {what}")
     out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
     out.print(f"ready: {result.endpoint}")
+
+
+@app.command("lock")
+def lock_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Write CONFIG's lock beside it: the base image's ID, the versions inside it, the model's
+    manifest (every file hashed on the head), the config's hash. render and up then use it."""
+    _lock(path, _load(path), outdir)
+
+
+@app.command("sync-model")
+def sync_model(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    source: Annotated[
+        str | None, typer.Option("--from", help="The node to copy from [default: the head].")
+    ] = None,
+) -> None:
+    """Copy the model from the head (or --from) to the same path on every other node, node to
+    node; verified file by file against the manifest (the lock's, when there is one)."""
+    deployment = _deployment(path, outdir, strict=True)
+    nodes = {n.name: n for n in deployment.cluster.nodes}
+    if source is not None and source not in nodes:
+        raise VllmComposeError(f"no node '{source}' in {path}", f"nodes: {', '.join(nodes)}")
+    outcomes = deployment.sync_model(nodes[source] if source else deployment.cluster.head)
+    for node, outcome in outcomes.items():
+        what = outcome.error or f"{outcome.moved >> 20} MiB moved, {outcome.kept} files kept"
+        out.print(f"{node}: {'FAILED: ' if outcome.error else ''}{what}", markup=False)
+    failed = [node for node, outcome in outcomes.items() if outcome.error]
+    if failed:
+        raise VllmComposeError(
+            f"sync-model: {len(failed)} of {len(outcomes)} nodes do not hold the model",
+            "run sync-model again: files already correct are kept",
+        )
 
 
 @app.command()

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from python_on_whales import DockerClient, DockerException
 
-from generator import diagnose, images, preflight
+from generator import diagnose, images, lock, preflight, sync
 from generator.config import Cluster, Node
 from generator.errors import DockerError, PhaseError, PreflightError
 from generator.fanout import Report, last_line, parallel
@@ -55,10 +55,20 @@ def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
 
 
 class Deployment:
-    def __init__(self, cluster: Cluster, outdir: Path, report: Report) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        outdir: Path,
+        report: Report,
+        locked: lock.Lock | None = None,
+        lock_file: Path | None = None,
+    ) -> None:
+        """`cluster` as rendered: with a lock, its image is the locked ID."""
         self.cluster = cluster
         self.outdir = outdir
         self.report = report
+        self.locked = locked
+        self.lock_file = lock_file or Path("cluster.lock.json")
         self.docker = {n.name: client(cluster, n, outdir) for n in cluster.nodes}
 
     # up
@@ -67,6 +77,8 @@ class Deployment:
         result = Result()
         c = self.cluster
         self._phase(result, "contexts", lambda: self._contexts_answer(timeouts.contexts))
+        if self.locked:
+            self._no_image_drift(self.locked)
         self._phase(result, "image", lambda: result.images.update(self._images(c.nodes)))
         if checks:
             self._phase(result, "preflight", self._preflight_passes)
@@ -135,6 +147,97 @@ class Deployment:
         failures = [c.line() for c in checks if c.status == "fail"]
         if failures:
             raise PreflightError(failures, time.monotonic() - start)
+        if self.locked:
+            drift = [
+                line
+                for node, found in facts.items()
+                for line in lock.model_drift(self.locked, node, found["model"])
+            ]
+            if drift:
+                raise lock.DriftError(drift, self.lock_file)
+
+    # lock
+
+    def _no_image_drift(self, locked: lock.Lock) -> None:
+        """A node whose engine holds another image under the locked ref has drifted."""
+        held: dict[str, str | None] = {}
+        for node in self.cluster.nodes:
+            try:
+                held[node.name] = self.docker[node.name].image.inspect(locked["image"]["ref"]).id
+            except DockerException:
+                held[node.name] = None
+        drift = lock.image_drift(locked, held)
+        if drift:
+            raise lock.DriftError(drift, self.lock_file)
+
+    def resolve(self) -> lock.Lock:
+        """What the head resolves the config to now: its base image, the versions inside it and
+        the model's manifest (every file hashed, on the head)."""
+        head = self.cluster.head
+        self._contexts_answer(30)
+        self._images([head])
+        base = self.docker[head.name].image.inspect(self.cluster.image)
+        self.report(f"lock: hashing {self.cluster.model.path} on {head.name}")
+        facts = self._health(
+            head, ["facts", "--interface", "lo", "--ip", "127.0.0.1", "--listen", "0"]
+        )
+        manifest = self.manifest(head)
+        digests = list(base.repo_digests)
+        return lock.make(self.cluster, base.id, digests, facts["versions"], manifest)
+
+    def manifest(self, node: Node) -> dict[str, Any]:
+        """The model's manifest on a node: every file's size and sha256 (symlinks followed)."""
+        mount = sync.source_mount(self.cluster.model.path)
+        try:
+            out = self.docker[node.name].run(
+                wrapper_tag(self.cluster),
+                ["manifest", self.cluster.model.path],
+                entrypoint="vllm-compose-health",
+                remove=True,
+                volumes=[(mount, mount, "ro")],
+            )
+        except DockerException as e:
+            raise DockerError(node.name, f"manifest failed: {last_line(e.stderr)}") from None
+        return dict(json.loads(str(out)))
+
+    def sync_model(self, source: Node) -> dict[str, sync.Outcome]:
+        """The model from `source` to every other node, verified against the lock's manifest
+        when there is a lock (the source must match it), else against the source's."""
+        self._contexts_answer(30)
+        self._images(self.cluster.nodes)
+        self.report(f"sync-model: hashing {self.cluster.model.path} on {source.name}")
+        manifest = self.manifest(source)
+        if self.locked:
+            wanted = self.locked["model"]
+            sizes = {name: f["size"] for name, f in manifest["files"].items()}
+            drift = lock.model_drift(self.locked, source.name, sizes)
+            drift += [
+                f"{source.name}: {name}: sha256 differs from the lock"
+                for name, f in manifest["files"].items()
+                if name in wanted["files"] and wanted["files"][name]["sha256"] != f["sha256"]
+            ]
+            if drift:
+                raise lock.DriftError(drift, self.lock_file)
+            manifest = {"files": wanted["files"]}
+        image = wrapper_tag(self.cluster)
+        return sync.sync(self.cluster, self.docker, source, manifest, image, self.report)
+
+    def _health(self, node: Node, args: list[str]) -> Any:
+        """`vllm-compose-health ARGS` in a one-off container of the node's first service; its
+        JSON output."""
+        service = next(s for s in node_stacks(self.cluster, "") if s.node == node).services[0]
+        try:
+            out = self.docker[node.name].compose.run(
+                service.name,
+                args,
+                entrypoint="vllm-compose-health",
+                remove=True,
+                dependencies=False,
+                tty=False,
+            )
+        except DockerException as e:
+            raise DockerError(node.name, f"{args[0]} failed: {last_line(e.stderr)}") from None
+        return json.loads(str(out))
 
     def _bases(self, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID of its base image, None where only the wrapper is there."""

@@ -13,10 +13,20 @@
       prints what preflight compares across nodes, as JSON: the interface and its addresses,
       TCP reach to every peer's IP (listening on IP:PORT meanwhile, until every peer got through),
       versions, the model's files, /dev/shm, memlock, Ray's memory monitor setting, RDMA devices
+  manifest PATH
+      prints the model's manifest as JSON: size and sha256 of every file (symlinks followed), and
+      the revision when PATH is a Hugging Face cache snapshot
+  send --root PATH --listen IP:PORT
+      serves the files under PATH (symlinks followed) to `receive`, until stopped
+  receive --root PATH --source IP:PORT   (the manifest on stdin)
+      makes PATH hold exactly the manifest's files: a file whose size and sha256 already match is
+      kept; any other is fetched into a .partial file, checked, then renamed. Prints progress as
+      JSON lines; exits non-zero unless every file matches
 """
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -213,6 +223,118 @@ def gpus():
     return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
 
 
+CHUNK = 1 << 20
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest(args):
+    root = args.path
+    files = model_files(root)
+    if files is None:
+        return f"{root} does not exist"
+    broken = [name for name, size in files.items() if size < 0]
+    if broken:
+        return f"{root}: dangling symlinks: {', '.join(sorted(broken)[:3])}"
+    parent = os.path.dirname(os.path.normpath(root))
+    revision = os.path.basename(os.path.normpath(root)) if parent.endswith("/snapshots") else None
+    print(
+        json.dumps(
+            {
+                "revision": revision,
+                "files": {
+                    name: {"size": files[name], "sha256": sha256_of(os.path.join(root, name))}
+                    for name in sorted(files)
+                },
+            },
+            sort_keys=True,
+        )
+    )
+    return None
+
+
+def inside(root, name):
+    """root/name for a manifest's relative name; anything that could leave root is refused.
+    Symlinks under root are followed when read (an HF cache's snapshot points into its blobs)."""
+    if not name or os.path.isabs(name) or ".." in name.split("/"):
+        raise ValueError(f"refusing path {name!r}")
+    return os.path.join(root, name)
+
+
+def send(args):
+    """One request per line: {"file": NAME}; answered with 8 bytes of size, then the bytes."""
+    host, port = args.listen.rsplit(":", 1)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen(64)
+    print(f"vllm-compose-health: sending {args.root} on {args.listen}", flush=True)
+
+    def serve(conn):
+        with conn, conn.makefile("rb") as requests:
+            for line in requests:
+                name = json.loads(line)["file"]
+                with open(inside(args.root, name), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    conn.sendall(struct.pack("!Q", size))
+                    conn.sendfile(f)
+
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+def receive(args):
+    wanted = json.load(sys.stdin)["files"]
+    host, port = args.source.rsplit(":", 1)
+    os.makedirs(args.root, exist_ok=True)
+    moved = kept = 0
+    conn = None
+    for name in sorted(wanted):
+        want = wanted[name]
+        path = inside(args.root, name)
+        if os.path.isfile(path) and os.path.getsize(path) == want["size"]:
+            if sha256_of(path) == want["sha256"]:
+                kept += 1
+                continue
+        if conn is None:
+            conn = socket.create_connection((host, int(port)), timeout=30)
+            stream = conn.makefile("rb")
+        conn.sendall(json.dumps({"file": name}).encode() + b"\n")
+        size = struct.unpack("!Q", stream.read(8))[0]
+        if size != want["size"]:
+            return f"{name}: the source has {size} bytes, the manifest says {want['size']}"
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        partial = path + ".partial"
+        digest, left = hashlib.sha256(), size
+        with open(partial, "wb") as out:
+            while left:
+                block = stream.read(min(CHUNK, left))
+                if not block:
+                    return f"{name}: the source closed after {size - left} of {size} bytes"
+                digest.update(block)
+                out.write(block)
+                left -= len(block)
+                moved += len(block)
+        if digest.hexdigest() != want["sha256"]:
+            os.unlink(partial)
+            return f"{name}: sha256 differs from the manifest after the copy"
+        if os.path.islink(path):
+            os.unlink(path)
+        os.replace(partial, path)
+        print(json.dumps({"file": name, "bytes": size, "moved": moved}), flush=True)
+    if conn is not None:
+        conn.close()
+    print(json.dumps({"done": True, "moved": moved, "kept": kept}), flush=True)
+    return None
+
+
 def facts(args):
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -222,6 +344,9 @@ def facts(args):
         "versions": {
             "python": platform.python_version(),
             **{name: version(name) for name in ("vllm", "ray", "torch")},
+            "nccl": next(
+                (v for v in map(version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12")) if v), None
+            ),
         },
         "ray_on_path": shutil.which("ray") is not None,
         "model": model_files(args.model) if args.model else None,
@@ -259,6 +384,14 @@ def main():
     found.add_argument("--seconds", type=float, default=6)
     found.add_argument("--api-port", type=int)
     found.add_argument("--model")
+    listing = sub.add_parser("manifest")
+    listing.add_argument("path")
+    sender = sub.add_parser("send")
+    sender.add_argument("--root", required=True)
+    sender.add_argument("--listen", required=True)
+    receiver = sub.add_parser("receive")
+    receiver.add_argument("--root", required=True)
+    receiver.add_argument("--source", required=True)
     args = parser.parse_args()
     checks = {
         "ray": check_ray,
@@ -266,12 +399,15 @@ def main():
         "serve": check_serve,
         "wait-for": wait_for,
         "facts": facts,
+        "manifest": manifest,
+        "send": send,
+        "receive": receive,
     }
     problem = checks[args.check](args)
     if problem:
         print(f"vllm-compose-health: {problem}", file=sys.stderr)
         sys.exit(1)
-    if args.check not in ("nodes", "facts"):
+    if args.check not in ("nodes", "facts", "manifest", "send", "receive"):
         print(f"vllm-compose-health: {args.check} ok")
 
 
