@@ -84,7 +84,9 @@ def _deployment(
     if locked:
         cluster = lock.pinned(cluster, locked)
     outdir_ = _render(path, cluster, outdir)
-    return deploy.Deployment(cluster, outdir_, _progress, locked, lock.path_for(path))
+    return deploy.Deployment(
+        cluster, outdir_, _progress, locked, lock.path_for(path), accept_drift=update_lock
+    )
 
 
 def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
@@ -178,7 +180,7 @@ def sync_model(
         raise VllmComposeError(f"no node '{source}' in {path}", f"nodes: {', '.join(nodes)}")
     outcomes = deployment.sync_model(nodes[source] if source else deployment.cluster.head)
     for node, outcome in outcomes.items():
-        what = outcome.error or f"{outcome.moved >> 20} MiB moved, {outcome.kept} files kept"
+        what = outcome.error or f"{_size(outcome.moved)} moved, {outcome.kept} files kept"
         out.print(f"{node}: {'FAILED: ' if outcome.error else ''}{what}", markup=False)
     failed = [node for node, outcome in outcomes.items() if outcome.error]
     if failed:
@@ -186,6 +188,14 @@ def sync_model(
             f"sync-model: {len(failed)} of {len(outcomes)} nodes do not hold the model",
             "run sync-model again: files already correct are kept",
         )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 @app.command()

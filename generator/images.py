@@ -1,5 +1,6 @@
 """The wrapper image on every node: built there from the node's base image (pulled when missing
-and pullable), else streamed from a node that has it. A node that has the image moves nothing."""
+and pullable), else streamed from a node that has it, to every such node at once, and checked by
+ID after loading. A node that has the image moves nothing."""
 
 from __future__ import annotations
 
@@ -104,14 +105,28 @@ def distribute(targets: list[Target], tag: str, base: str, report: Report) -> di
     if errors:
         raise errors[0]
     have = [t for t in targets if outcome[t.name] != "no-base"]
-    for t in (t for t in targets if outcome[t.name] == "no-base"):
-        if not have:
-            raise DockerError(
-                t.name,
-                f"base image {base} is not there and cannot be pulled; no node has {tag}",
-                hint=f"docker save {base} | docker --context <node> load",
-            )
-        moved = stream(tag, have[0], t, report)
-        report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
-        outcome[t.name] = "streamed"
+    lacking = [t for t in targets if outcome[t.name] == "no-base"]
+    if lacking and not have:
+        raise DockerError(
+            lacking[0].name,
+            f"base image {base} is not there and cannot be pulled; no node has {tag}",
+            hint=f"docker save {base} | docker --context <node> load",
+        )
+
+    def copy(t: Target) -> None:
+        try:
+            moved = stream(tag, have[0], t, report)
+            report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
+            outcome[t.name] = "streamed"
+        except DockerError as e:
+            errors.append(e)
+
+    # Every node that lacks the image at once: one `docker save` per destination.
+    threads = [threading.Thread(target=copy, args=(t,)) for t in lacking]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
     return outcome

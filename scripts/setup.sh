@@ -15,6 +15,7 @@ command -v iptables >/dev/null || need_debs+=(iptables)
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need_debs+=(openssh-server)
 command -v ssh >/dev/null || need_debs+=(openssh-client)
 command -v make >/dev/null || need_debs+=(make)
+command -v nc >/dev/null || need_debs+=(netcat-openbsd)  # the model-sync benchmark's baseline
 if [ ${#need_debs[@]} -gt 0 ]; then
     step "apt-get install ${need_debs[*]}"
     apt-get update -qq

@@ -1,0 +1,134 @@
+"""Locks, drift and model sync on the testbed: real engines, the Ray stand-in image, model folders
+private to each node."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import clusters, images
+from tests.clusters import cli
+from tests.testbed import MODELS, Testbed, sh
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture
+def pair(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield testbed, tmp_path
+    for config in tmp_path.glob("*.yaml"):
+        cli("down", config, cwd=tmp_path)
+    testbed.remove_containers()
+    clusters.place_standin_model(testbed)
+
+
+def write(tmp: Path, bed: Testbed, model: str = clusters.STANDIN_MODEL) -> Path:
+    return clusters.write_config(
+        tmp / "c.yaml", "locked", bed.nodes[:2], images.STANDIN, model=model
+    )
+
+
+def ok(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.returncode == 0, result.stderr
+    return str(result.stdout)
+
+
+def test_lock_then_render_is_reproducible_and_names_the_image_by_id(pair) -> None:
+    bed, tmp = pair
+    config = write(tmp, bed)
+    shown = ok(cli("lock", config, cwd=tmp))
+    image_id = bed.nodes[0].docker.image.inspect(images.STANDIN).id
+    assert f"locked {tmp / 'c.lock.json'}: {images.STANDIN} = {image_id}" in shown
+    locked = json.loads((tmp / "c.lock.json").read_text())
+    assert locked["versions"]["ray"] == "2.58.0"
+    assert sorted(locked["model"]["files"]) == ["config.json", "weights.bin"]
+    assert locked["model"]["files"]["weights.bin"]["size"] == 4096
+
+    ok(cli("render", config, "-o", tmp / "one", cwd=tmp))
+    ok(cli("render", config, "-o", tmp / "two", cwd=tmp))
+    one = (tmp / "one/spark1/compose.yaml").read_bytes()
+    assert one == (tmp / "two/spark1/compose.yaml").read_bytes()
+    assert f'BASE_IMAGE: "{image_id}"' in one.decode()
+
+    config.write_text(config.read_text().replace("port: 30000", "port: 30001"))
+    changed = cli("render", config, cwd=tmp)
+    assert changed.returncode == 1
+    assert "the config changed since it was locked (its hash differs)" in changed.stderr
+
+
+def test_a_node_holding_another_image_is_drift_until_the_lock_is_updated(pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    config = write(tmp, bed)
+    ok(cli("lock", config, cwd=tmp))
+    original = worker.docker.image.inspect(images.STANDIN).id
+    bed.load_image(images.DEBIAN, nodes=[worker])
+    sh("docker", "--context", worker.context, "tag", images.DEBIAN, images.STANDIN)
+    try:
+        drift = cli("up", config, cwd=tmp)
+        assert drift.returncode == 1
+        other = worker.docker.image.inspect(images.DEBIAN).id
+        assert (
+            f"  spark2 holds {images.STANDIN} as {other[:19]}, the lock says {original[:19]}"
+        ) in drift.stderr.splitlines()
+        assert "hint: make it match again, or accept the change with --update-lock" in drift.stderr
+        assert clusters.containers(head, "locked") == {}
+
+        accepted = ok(cli("up", config, "--update-lock", cwd=tmp))
+        assert "ready: http://192.168.200.12:30000/v1" in accepted
+    finally:
+        sh("docker", "--context", worker.context, "tag", original, images.STANDIN)
+
+
+def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    config = write(tmp, bed)
+    ok(cli("lock", config, cwd=tmp))
+    bed.remove_path(worker, "standin-model/weights.bin")
+    drift = cli("up", config, cwd=tmp)
+    assert drift.returncode == 1
+    assert f"  spark2: {clusters.STANDIN_MODEL}: missing: weights.bin" in drift.stderr.splitlines()
+
+    # Same size, other bytes: only the hash shows it; sync checks every file against the lock.
+    with (Path(worker.models) / "standin-model/config.json").open("r+b") as f:
+        f.write(b"X")
+    synced = ok(cli("sync-model", config, cwd=tmp))
+    assert synced.strip().splitlines()[-1] == "spark2: 4.0 KiB moved, 0 files kept"
+    assert (Path(worker.models) / "standin-model/weights.bin").read_bytes() == bytes(4096)
+    assert (Path(worker.models) / "standin-model/config.json").read_bytes() == (
+        Path(head.models) / "standin-model/config.json"
+    ).read_bytes()
+
+    again = ok(cli("sync-model", config, cwd=tmp))
+    assert again.strip().splitlines()[-1] == "spark2: 0 B moved, 2 files kept"
+    ok(cli("up", config, cwd=tmp))
+
+
+def test_an_hf_cache_snapshot_arrives_on_the_worker_as_real_files(pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    repo = Path(head.models) / "hub/models--t--tiny"
+    snapshot = repo / "snapshots/0123abcd"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    weights = os.urandom(2_000_000)
+    (repo / "blobs/w").write_bytes(weights)
+    link = snapshot / "model.safetensors"
+    if not link.is_symlink():
+        link.symlink_to("../../blobs/w")
+    try:
+        config = write(tmp, bed, model=f"{MODELS}/hub/models--t--tiny/snapshots/0123abcd")
+        locked = ok(cli("lock", config, cwd=tmp))
+        assert "revision 0123abcd" in locked
+        synced = ok(cli("sync-model", config, cwd=tmp))
+        assert synced.strip().splitlines()[-1] == "spark2: 1.9 MiB moved, 0 files kept"
+        arrived = Path(worker.models) / "hub/models--t--tiny/snapshots/0123abcd/model.safetensors"
+        assert not arrived.is_symlink() and arrived.read_bytes() == weights
+    finally:
+        bed.remove_path(head, "hub")
+        bed.remove_path(worker, "hub")
