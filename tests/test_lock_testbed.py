@@ -91,8 +91,8 @@ def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair) ->
     ok(cli("lock", config, cwd=tmp))
     bed.remove_path(worker, "standin-model/weights.bin")
     drift = cli("up", config, cwd=tmp)
-    assert drift.returncode == 1
-    assert f"  spark2: {clusters.STANDIN_MODEL}: missing: weights.bin" in drift.stderr.splitlines()
+    assert drift.returncode == 1  # preflight sees it first: the worker differs from the head
+    assert f"{clusters.STANDIN_MODEL} differs from spark1's: missing: weights.bin" in drift.stderr
 
     # Same size, other bytes: only the hash shows it; sync checks every file against the lock.
     with (Path(worker.models) / "standin-model/config.json").open("r+b") as f:
@@ -107,6 +107,30 @@ def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair) ->
     again = ok(cli("sync-model", config, cwd=tmp))
     assert again.strip().splitlines()[-1] == "spark2: 0 B moved, 2 files kept"
     ok(cli("up", config, cwd=tmp))
+
+
+def test_a_model_changed_on_every_node_is_lock_drift_and_never_synced(pair) -> None:
+    """Head and worker changed alike: preflight (which compares nodes) passes, the lock does not,
+    and a sync from a head that no longer matches the lock fails instead of spreading it."""
+    bed, tmp = pair
+    config = write(tmp, bed)
+    ok(cli("lock", config, cwd=tmp))
+    for node in bed.nodes[:2]:
+        with (Path(node.models) / "standin-model/weights.bin").open("ab") as f:
+            f.write(b"+")
+    drift = cli("up", config, cwd=tmp)
+    assert drift.returncode == 1
+    lines = drift.stderr.splitlines()
+    assert f"  spark1: {clusters.STANDIN_MODEL}: size: weights.bin" in lines
+    assert f"  spark2: {clusters.STANDIN_MODEL}: size: weights.bin" in lines
+
+    synced = cli("sync-model", config, cwd=tmp)
+    assert synced.returncode == 1
+    assert (
+        "spark2: FAILED: vllm-compose-health: weights.bin: the source has 4097 bytes, the "
+        "manifest says 4096"
+    ) in synced.stdout
+    assert "sync-model: 1 of 1 nodes do not hold the model" in synced.stderr
 
 
 def test_an_hf_cache_snapshot_arrives_on_the_worker_as_real_files(pair) -> None:
