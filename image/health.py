@@ -290,6 +290,42 @@ def send(args):
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
+def connect(host, port, seconds=30):
+    """The sender may still be starting: retry until it listens, bounded."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return socket.create_connection((host, int(port)), timeout=30)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def recv_exact(conn, view):
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def fetch(conn, size, out, digest):
+    """size bytes from conn into out and digest; returns how many came."""
+    view = memoryview(bytearray(CHUNK))
+    got = 0
+    while got < size:
+        n = conn.recv_into(view[: min(CHUNK, size - got)])
+        if not n:  # the source closed early
+            break
+        digest.update(view[:n])
+        out.write(view[:n])
+        got += n
+    return got
+
+
 def receive(args):
     wanted = json.load(sys.stdin)["files"]
     host, port = args.source.rsplit(":", 1)
@@ -304,29 +340,26 @@ def receive(args):
                 kept += 1
                 continue
         if conn is None:
-            conn = socket.create_connection((host, int(port)), timeout=30)
-            stream = conn.makefile("rb")
+            conn = connect(host, port)
         conn.sendall(json.dumps({"file": name}).encode() + b"\n")
-        size = struct.unpack("!Q", stream.read(8))[0]
+        header = bytearray(8)
+        if recv_exact(conn, memoryview(header)) != 8:
+            return f"{name}: the source closed the connection"
+        size = struct.unpack("!Q", header)[0]
         if size != want["size"]:
             return f"{name}: the source has {size} bytes, the manifest says {want['size']}"
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         partial = path + ".partial"
-        digest, left = hashlib.sha256(), size
+        digest = hashlib.sha256()
         with open(partial, "wb") as out:
-            while left:
-                block = stream.read(min(CHUNK, left))
-                if not block:
-                    return f"{name}: the source closed after {size - left} of {size} bytes"
-                digest.update(block)
-                out.write(block)
-                left -= len(block)
-                moved += len(block)
+            got = fetch(conn, size, out, digest)
+        moved += got
+        if got != size:
+            os.unlink(partial)
+            return f"{name}: the source closed after {got} of {size} bytes"
         if digest.hexdigest() != want["sha256"]:
             os.unlink(partial)
             return f"{name}: sha256 differs from the manifest after the copy"
-        if os.path.islink(path):
-            os.unlink(path)
         os.replace(partial, path)
         print(json.dumps({"file": name, "bytes": size, "moved": moved}), flush=True)
     if conn is not None:
