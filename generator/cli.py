@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from generator import __version__, config, deploy, lock, output, reference, render
+from generator import __version__, config, deploy, lock, output, reference, render, units
 from generator import preflight as preflight_checks
 from generator.errors import DockerError, VllmComposeError
 
@@ -180,7 +180,7 @@ def sync_model(
         raise VllmComposeError(f"no node '{source}' in {path}", f"nodes: {', '.join(nodes)}")
     outcomes = deployment.sync_model(nodes[source] if source else deployment.cluster.head)
     for node, outcome in outcomes.items():
-        what = outcome.error or f"{_size(outcome.moved)} moved, {outcome.kept} files kept"
+        what = outcome.error or f"{units.size(outcome.moved)} moved, {outcome.kept} files kept"
         out.print(f"{node}: {'FAILED: ' if outcome.error else ''}{what}", markup=False)
     failed = [node for node, outcome in outcomes.items() if outcome.error]
     if failed:
@@ -188,14 +188,6 @@ def sync_model(
             f"sync-model: {len(failed)} of {len(outcomes)} nodes do not hold the model",
             "run sync-model again: files already correct are kept",
         )
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @app.command()

@@ -24,6 +24,7 @@ from generator.config import Cluster, Node
 from generator.errors import DockerError, PhaseError, PreflightError
 from generator.fanout import Report, last_line, parallel
 from generator.render import node_stacks, wrapper_tag
+from generator.stack import model_mount
 
 LOG_TAIL = 20
 PROBE_EVERY = 5  # seconds between readiness probes until the log says the server started
@@ -190,7 +191,7 @@ class Deployment:
 
     def manifest(self, node: Node) -> dict[str, Any]:
         """The model's manifest on a node: every file's size and sha256 (symlinks followed)."""
-        mount = sync.source_mount(self.cluster.model.path)
+        mount = model_mount(self.cluster.model.path)
         try:
             out = self.docker[node.name].run(
                 wrapper_tag(self.cluster),

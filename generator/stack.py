@@ -9,10 +9,20 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
+from pathlib import PurePosixPath
 
 from generator.config import MEMORY_MONITOR, Cluster, Node
 
 RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILURES #13)
+
+
+def model_mount(path: str) -> str:
+    """What a container mounts to read the model: the model folder, or for an HF cache snapshot
+    (.../models--org--name/snapshots/REV) the whole repo folder, where its symlinks point."""
+    parts = PurePosixPath(path)
+    if parts.parent.name == "snapshots":
+        return str(parts.parent.parent)
+    return path
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,7 @@ class Service:
     pid_of: str | None = None
     volumes: list[str] = field(default_factory=list)  # named volumes, "name:/path"
     environment: dict[str, str] = field(default_factory=dict)
-    model: str | None = None  # the model folder, bind-mounted read-only at the same path
+    model: str | None = None  # mounted read-only at the same path (see model_mount)
 
     def fingerprint(self, stack: NodeStack) -> str:
         """Hash of everything this service is rendered from. Its label changes only when the
@@ -102,7 +112,7 @@ class NodeStack:
             own = [self._native_serve()]
         else:
             own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
-        model = self.cluster.model.path
+        model = model_mount(self.cluster.model.path)
         return [replace(s, environment=self.environment | s.environment, model=model) for s in own]
 
     @property

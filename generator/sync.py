@@ -16,13 +16,14 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from python_on_whales import DockerClient, DockerException
 
+from generator import units
 from generator.config import Cluster, Node
 from generator.errors import DockerError
 from generator.fanout import Report, last_line
+from generator.stack import model_mount
 
 
 @dataclass
@@ -30,15 +31,6 @@ class Outcome:
     moved: int = 0
     kept: int = 0
     error: str | None = None
-
-
-def source_mount(path: str) -> str:
-    """What the sender mounts: the model folder, or for an HF cache snapshot
-    (.../models--org--name/snapshots/REV) the whole repo folder, where its symlinks point."""
-    parts = PurePosixPath(path)
-    if parts.parent.name == "snapshots":
-        return str(parts.parent.parent)
-    return path
 
 
 def sync(
@@ -52,7 +44,7 @@ def sync(
     path = cluster.model.path
     port = random.randint(49000, 49999)
     listen = f"{source.ip}:{port}"
-    mount = source_mount(path)
+    mount = model_mount(path)
     try:
         sender = docker[source.name].run(
             image,
@@ -117,7 +109,8 @@ def _receive(
         if event.get("done"):
             outcome.moved, outcome.kept = event["moved"], event["kept"]
         elif time.monotonic() - last > 2:
-            report(f"sync-model: {node.name}: {event['moved'] >> 20} MiB of up to {total >> 20}")
+            moved = units.size(event["moved"])
+            report(f"sync-model: {node.name}: {moved} of up to {units.size(total)}")
             last = time.monotonic()
     error = receiver.stderr.read()
     if receiver.wait() != 0:

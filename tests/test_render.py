@@ -192,3 +192,14 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
             assert [env[f"V{i}"] for i in range(len(HOSTILE))] == escaped
     serve = compose_config(tmp_path / "spark-1")["services"]["serve"]
     assert serve["command"][-len(HOSTILE) :] == escaped
+
+
+def test_an_hf_cache_snapshot_mounts_its_repo_folder_where_the_symlinks_point() -> None:
+    text = (CASES / "sample.yaml").read_text()
+    snapshot = "/hf/hub/models--Qwen--Qwen3.5-122B-A10B-FP8/snapshots/0123abcd"
+    cluster = config.parse(text.replace("/models/Qwen3.5-122B-A10B-FP8", snapshot))
+    stack = yaml.safe_load(render.render(cluster, "c.yaml")["spark-1/compose.yaml"].text)
+    bind = stack["services"]["serve"]["volumes"][0]
+    assert bind["source"] == bind["target"] == "/hf/hub/models--Qwen--Qwen3.5-122B-A10B-FP8"
+    assert bind["read_only"] is True and bind["bind"] == {"create_host_path": False}
+    assert stack["services"]["serve"]["command"][2] == snapshot
