@@ -17,6 +17,7 @@ from typing import Any
 from generator import __version__
 from generator.config import Cluster
 from generator.errors import VllmComposeError
+from generator.render import wrapper_tag
 
 Lock = dict[str, Any]
 
@@ -50,10 +51,14 @@ def read(config: Path) -> Lock | None:
 def make(
     cluster: Cluster, image_id: str, digests: list[str], versions: dict[str, Any], model: Lock
 ) -> Lock:
+    # The wrapper is built on each node from the base: its tag follows from the base's ID and the
+    # wrapper's files; its image ID differs per node (build time), so the tag is what is pinned.
+    wrapper = wrapper_tag(cluster.model_copy(update={"image": image_id}))
     return {
         "tool": f"vllm-compose {__version__}",
         "config_hash": cluster.config_hash(),
         "image": {"ref": cluster.image, "id": image_id, "digests": sorted(digests)},
+        "wrapper": {"tag": wrapper},
         "versions": versions,
         "model": {"path": cluster.model.path, **model},
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from generator import config, lock
+from generator import config, lock, render
 from tests.test_config import CASES
 
 HEALTH = Path(__file__).parent.parent / "image" / "health.py"
@@ -27,6 +27,7 @@ def locked(files: dict[str, dict[str, object]] | None = None) -> lock.Lock:
 def test_the_lock_pins_the_image_by_id_and_notices_a_changed_config() -> None:
     entry = locked()
     assert lock.pinned(CLUSTER, entry).image == ID
+    assert entry["wrapper"]["tag"] == render.wrapper_tag(lock.pinned(CLUSTER, entry))
     assert lock.config_drift(CLUSTER, entry) == []
     changed = CLUSTER.model_copy(update={"env": {"NCCL_DEBUG": "INFO"}})
     assert lock.config_drift(changed, entry) == [
