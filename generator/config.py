@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from generator.errors import ConfigError
 from generator.profiles import PROFILES, Profile, ProfileName
@@ -78,6 +85,14 @@ class Node(Strict):
         description="`head` marks the head node; by default the first node is the head.",
     )
 
+    @field_validator("ip", mode="before")
+    @classmethod
+    def _ip_is_written_as_an_address(cls, value: object) -> object:
+        # YAML reads 167772162 as an int, which IPv4Address would take: say what was meant.
+        if not isinstance(value, str):
+            raise ValueError(f"expected an address like 192.168.200.12, got {value!r}")
+        return value
+
     @property
     def docker_context(self) -> str:
         return self.context or self.name
@@ -89,6 +104,13 @@ class Model(Strict):
         max_length=4096,
         description="Absolute path of the model folder, the same on every node; mounted read-only.",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_plain(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError(f"{value!r} has '.' or '..' in it; write the plain absolute path")
+        return value
 
 
 class Vllm(Strict):
@@ -348,6 +370,8 @@ _PATTERN_HINTS = {
 
 def _message(err: Any) -> str:
     shown = repr(err["input"])[:80]
+    if err["type"] == "value_error":
+        return str(err["ctx"]["error"])
     if err["type"] == "string_pattern_mismatch":
         pattern = err["ctx"]["pattern"]
         return f"{shown} is not allowed: {_PATTERN_HINTS.get(pattern, 'must match ' + pattern)}"

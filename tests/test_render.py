@@ -10,6 +10,7 @@ import yaml
 from generator import config, output, render
 
 CASES = Path(__file__).parent / "cases"
+ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden"
 NAMES = ["sample", "four-node-pp", "native"]
 
@@ -175,7 +176,7 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     output.apply(output.plan(files, tmp_path))
     # `docker compose config` prints values in its own escaped form: `$` stays `$$`, which proves
     # nothing was interpolated (`${HOME}` would have become a path). The engine test checks that
-    # a running container receives the plain string.
+    # a running container receives the plain string (test_corpus.py).
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
         ("spark-1", {"name", "x-vllm-compose", "services", "volumes"}),
@@ -203,3 +204,21 @@ def test_an_hf_cache_snapshot_mounts_its_repo_folder_where_the_symlinks_point() 
     assert bind["source"] == bind["target"] == "/hf/hub/models--Qwen--Qwen3.5-122B-A10B-FP8"
     assert bind["read_only"] is True and bind["bind"] == {"create_host_path": False}
     assert stack["services"]["serve"]["command"][2] == snapshot
+
+
+@pytest.mark.parametrize("name", ["sample", "four-node-pp", "native"])
+def test_compose_lint_finds_nothing_that_is_not_justified(name: str, tmp_path: Path) -> None:
+    """compose-lint on every node's stack, down to low severity, with the project's suppressions
+    (.compose-lint.yml, each with its reason, mirrored in the README)."""
+    output.apply(output.plan(rendered(name), tmp_path))
+    files = sorted(str(p) for p in tmp_path.glob("*/compose.yaml"))
+    result = subprocess.run(
+        [
+            "compose-lint", "check", "--config", str(ROOT / ".compose-lint.yml"),
+            "--strict-config", "--fail-on", "low", "--format", "json", *files,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr

@@ -1,0 +1,244 @@
+"""A corpus of broken and hostile configs, run through the command line as a user would: each is
+refused with one line per problem naming the field, exit code 2, and nothing on disk written or
+changed. Then the other half: legitimate values that merely look dangerous reach the running
+container exactly as written (engine test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from generator import cli
+from tests import images
+from tests.test_render import HOSTILE
+
+BASE = """\
+name: c
+image: vllm/vllm-openai:v0.32.0
+interface: eth0
+nodes:
+  - {name: a, ip: 10.0.0.1}
+  - {name: b, ip: 10.0.0.2}
+model: {path: /models/m}
+"""
+
+
+def r(a: str, b: str) -> str:
+    return BASE.replace(a, b)
+
+
+CASES: dict[str, str] = {
+    "syntax-unclosed-flow": "name: [\n",
+    "syntax-tab-indent": "name: c\nnodes:\n\t- {name: a}\n",
+    "syntax-top-level-list": "- a\n- b\n",
+    "syntax-empty-file": "",
+    "syntax-duplicate-key": BASE + "name: d\n",
+    "syntax-duplicate-key-in-node": r(
+        "{name: a, ip: 10.0.0.1}", "{name: a, ip: 10.0.0.1, ip: 10.0.0.3}"
+    ),
+    "type-port-string": BASE + "vllm: {port: '30000x'}\n",
+    "type-port-too-big": BASE + "vllm: {port: 70000}\n",
+    "type-port-huge": BASE + "vllm: {port: 1000000000000000000000000000000}\n",
+    "type-gpus-string": r("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: '2'}"),
+    "type-gpus-zero": r("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: 0}"),
+    "type-ip-invalid": r("10.0.0.2", "10.0.0.300"),
+    "type-ip-number": r("ip: 10.0.0.2", "ip: 167772162"),
+    "type-nodes-mapping": r(
+        "nodes:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.2}\n", "nodes: {a: 1}\n"
+    ),
+    "type-nodes-empty": r(
+        "nodes:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.2}\n", "nodes: []\n"
+    ),
+    "type-backend-unknown": BASE + "backend: mpi\n",
+    "type-accelerator-unknown": BASE + "accelerator: tpu\n",
+    "type-args-string": BASE + "vllm: {args: --enforce-eager}\n",
+    "type-args-number": BASE + "vllm: {args: [--max-num-seqs, 8]}\n",
+    "type-env-number": BASE + "env: {NCCL_DEBUG: 3}\n",
+    "type-startup-timeout-low": BASE + "vllm: {startup_timeout: 5}\n",
+    "type-utilization-above-one": BASE + "vllm: {gpu_memory_utilization: 1.5}\n",
+    "unknown-top-level": BASE + "nodez: []\n",
+    "unknown-node-key": r("ip: 10.0.0.2}", "ip: 10.0.0.2, ipp: 1}"),
+    "unknown-vllm-key": BASE + "vllm: {tp: 2}\n",
+    "dup-node-names": r("name: b,", "name: a,"),
+    "dup-ips": r("10.0.0.2", "10.0.0.1"),
+    "dup-contexts": r("ip: 10.0.0.2}", "ip: 10.0.0.2, context: a}"),
+    "dup-heads": r("ip: 10.0.0.1}", "ip: 10.0.0.1, role: head}").replace(
+        "ip: 10.0.0.2}", "ip: 10.0.0.2, role: head}"
+    ),
+    "parallel-tp-too-big": BASE + "vllm: {tensor_parallel_size: 4}\n",
+    "parallel-pp-too-big": BASE + "vllm: {pipeline_parallel_size: 3}\n",
+    "inject-name-newline": r("name: c\n", 'name: "c\\nservices: {}"\n'),
+    "inject-name-shell": r("name: c\n", "name: 'c; rm -rf /'\n"),
+    "inject-name-compose-interpolation": r("name: c\n", "name: '${HOME}'\n"),
+    "inject-node-traversal": r("name: a,", "name: ../etc,"),
+    "inject-node-slash": r("name: a,", "name: a/b,"),
+    "inject-node-interpolation": r("name: a,", "name: '${USER}',"),
+    "inject-context-shell": r("ip: 10.0.0.2}", "ip: 10.0.0.2, context: '$(reboot)'}"),
+    "inject-interface-shell": r("interface: eth0", "interface: 'eth0; reboot'"),
+    "inject-image-space": r("vllm/vllm-openai:v0.32.0", "'vllm openai'"),
+    "inject-image-newline": r("vllm/vllm-openai:v0.32.0", '"vllm\\nprivileged: true"'),
+    "inject-model-relative": r("/models/m", "models/m"),
+    "inject-model-traversal": r("/models/m", "/models/../etc"),
+    "inject-model-colon": r("/models/m", "/models/m:/etc"),
+    "inject-model-newline": r("/models/m", '"/models/m\\n  privileged: true"'),
+    "inject-env-key-space": BASE + "env: {'A B': x}\n",
+    "inject-env-key-equals": BASE + "env: {'A=B': x}\n",
+    "inject-env-per-node": BASE + "env: {NCCL_SOCKET_IFNAME: eth1}\n",
+    "inject-args-named-flag": BASE + "vllm: {args: [--tensor-parallel-size, '8']}\n",
+    "huge-name": r("name: c\n", "name: " + "c" * 10000 + "\n"),
+    "huge-env-value": BASE + "env: {X: '" + "v" * 10000 + "'}\n",
+    "huge-args": BASE + "vllm: {args: [" + ", ".join(["--x"] * 300) + "]}\n",
+    "huge-nodes": r(
+        "nodes:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.2}\n",
+        "nodes:\n"
+        + "".join(f"  - {{name: n{i}, ip: 10.0.{i // 250}.{i % 250 + 1}}}\n" for i in range(100)),
+    ),
+}
+
+# The first problem line each must give (the field, then why).
+FIRST = {
+    "dup-contexts": "nodes.1.context: a is already used by node 'a'",
+    "dup-heads": "nodes.1.role: a second head; only one node may say 'role: head'",
+    "dup-ips": "nodes.1.ip: 10.0.0.1 is already used by node 'a'",
+    "dup-node-names": "nodes.1.name: a is already used by node 'a'",
+    "huge-args": "vllm.args: List should have at most 256 items after validation, not 300",
+    "huge-env-value": "env.X: String should have at most 8192 characters",
+    "huge-name": "name: 'ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "huge-nodes": "nodes: List should have at most 64 items after validation, not 100",
+    "inject-args-named-flag": "vllm.args.0: --tensor-parallel-size has a named field (tensor_parallel_size); set it there",
+    "inject-context-shell": "nodes.1.context: '$(reboot)' is not allowed: must match ^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$",
+    "inject-env-key-equals": "env.A=B.[key]: 'A=B' is not allowed: a variable name has letters, digits and '_', not starting with a digit",
+    "inject-env-key-space": "env.A B.[key]: 'A B' is not allowed: a variable name has letters, digits and '_', not starting with a digit",
+    "inject-env-per-node": "env.NCCL_SOCKET_IFNAME: set per node by vllm-compose from nodes[].ip / interface; remove it here",
+    "inject-image-newline": "image: 'vllm\\nprivileged: true' is not allowed: expected an image reference like registry/name:tag or name@sha256:<digest>",
+    "inject-image-space": "image: 'vllm openai' is not allowed: expected an image reference like registry/name:tag or name@sha256:<digest>",
+    "inject-interface-shell": "interface: 'eth0; reboot' is not allowed: an interface name has 1-15 letters, digits, '_', '.', ':' or '-'",
+    "inject-model-colon": "model.path: '/models/m:/etc' is not allowed: expected an absolute path without ':' or control characters",
+    "inject-model-newline": "model.path: '/models/m\\n  privileged: true' is not allowed: expected an absolute path without ':' or control characters",
+    "inject-model-relative": "model.path: 'models/m' is not allowed: expected an absolute path without ':' or control characters",
+    "inject-model-traversal": "model.path: '/models/../etc' has '.' or '..' in it; write the plain absolute path",
+    "inject-name-compose-interpolation": "name: '${HOME}' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "inject-name-newline": "name: 'c\\nservices: {}' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "inject-name-shell": "name: 'c; rm -rf /' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "inject-node-interpolation": "nodes.0.name: '${USER}' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "inject-node-slash": "nodes.0.name: 'a/b' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "inject-node-traversal": "nodes.0.name: '../etc' is not allowed: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+    "parallel-pp-too-big": "vllm.tensor_parallel_size: TP 1 x PP 3 = 3 GPUs asked for, the nodes have 2",
+    "parallel-tp-too-big": "vllm.tensor_parallel_size: TP 4 x PP 1 = 4 GPUs asked for, the nodes have 2",
+    "syntax-duplicate-key": "line 8, column 1: duplicate key 'name'",
+    "syntax-duplicate-key-in-node": "line 5, column 29: duplicate key 'ip'",
+    "syntax-empty-file": "the file must hold a mapping (name: ..., nodes: ...)",
+    "syntax-tab-indent": "line 3, column 1: found character '\\t' that cannot start any token",
+    "syntax-top-level-list": "the file must hold a mapping (name: ..., nodes: ...)",
+    "syntax-unclosed-flow": "line 2, column 1: expected the node content, but found '<stream end>'",
+    "type-accelerator-unknown": "accelerator: Input should be 'nvidia' or 'none'",
+    "type-args-number": "vllm.args.1: expected a string, got 8; quote it in the YAML",
+    "type-args-string": "vllm.args: Input should be a valid list",
+    "type-backend-unknown": "backend: Input should be 'ray' or 'native'",
+    "type-env-number": "env.NCCL_DEBUG: expected a string, got 3; quote it in the YAML",
+    "type-gpus-string": "nodes.0.gpus: Input should be a valid integer",
+    "type-gpus-zero": "nodes.0.gpus: Input should be greater than or equal to 1",
+    "type-ip-invalid": "nodes.1.ip: Input is not a valid IPv4 address",
+    "type-ip-number": "nodes.1.ip: expected an address like 192.168.200.12, got 167772162",
+    "type-nodes-empty": "nodes: List should have at least 1 item after validation, not 0",
+    "type-nodes-mapping": "nodes: Input should be a valid list",
+    "type-port-huge": "vllm.port: Input should be less than or equal to 65535",
+    "type-port-string": "vllm.port: Input should be a valid integer",
+    "type-port-too-big": "vllm.port: Input should be less than or equal to 65535",
+    "type-startup-timeout-low": "vllm.startup_timeout: Input should be greater than or equal to 10",
+    "type-utilization-above-one": "vllm.gpu_memory_utilization: Input should be less than or equal to 1",
+    "unknown-node-key": "nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)",
+    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, env)",
+    "unknown-vllm-key": "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy, master_port, startup_timeout, args)",
+}
+
+
+def test_the_corpus_is_large_and_every_case_has_its_expected_line() -> None:
+    assert len(CASES) >= 40
+    assert set(CASES) == set(FIRST)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_broken_config_is_refused_naming_the_field_and_nothing_changes(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(CASES[name])
+    # What the user already has: a rendered stack of their own and a lock. Neither may change.
+    (tmp_path / "compose/c/a").mkdir(parents=True)
+    (tmp_path / "compose/c/a/compose.yaml").write_text("# the user's own\n")
+    (tmp_path / "cluster.lock.json").write_text("{}\n")
+    before = tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["vllm-compose", "render", "cluster.yaml"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert lines[0] == "cluster.yaml is invalid:"
+    assert lines[1] == f"  {FIRST[name]}"
+    assert all(line.startswith("  ") and len(line) < 400 for line in lines[1:])
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.engine
+def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) -> None:
+    """Through the rendered stack and Compose to a running container: argv and environment hold
+    each string as written; nothing was interpolated, executed or injected."""
+    docker = DockerClient()
+    base = images.debian_base(docker)
+    probe = "vllm-compose-test/argv-probe:1"
+    context = tmp_path / "probe"
+    context.mkdir()
+    (context / "vllm").write_text(
+        "#!/usr/bin/python3\nimport json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items()"
+        " if k.startswith('V') and k[1:].isdigit()}}))\n"
+    )
+    (context / "Dockerfile").write_text(
+        f"FROM {base}\nCOPY vllm /usr/local/bin/vllm\nRUN chmod +x /usr/local/bin/vllm\n"
+    )
+    docker.legacy_build(context, tags=[probe])
+    model = tmp_path / "model"
+    model.mkdir()
+    config = tmp_path / "probe.yaml"
+    config.write_text(
+        f"name: probe\nimage: {probe}\nbackend: native\naccelerator: none\ninterface: lo\n"
+        "nodes: [{name: local, ip: 127.0.0.1, context: default}]\n"
+        f"model: {{path: {model}}}\n"
+        f"vllm: {{args: {json.dumps(HOSTILE)}}}\n"
+        f"env: {json.dumps({f'V{i}': v for i, v in enumerate(HOSTILE)})}\n"
+    )
+    rendered = subprocess.run(
+        [sys.executable, "-m", "generator", "render", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    stack = DockerClient(
+        compose_files=[tmp_path / "compose/probe/local/compose.yaml"], compose_project_name="probe"
+    )
+    try:
+        stack.compose.up(["serve"], detach=True, quiet=True)
+        docker.container.wait(stack.compose.ps(all=True)[0])
+        log = str(stack.compose.logs(["serve"], no_log_prefix=True))
+    finally:
+        stack.compose.down(volumes=True, quiet=True)
+    seen = json.loads(log.strip().splitlines()[-1])
+    assert seen["argv"][-len(HOSTILE) :] == HOSTILE
+    assert [seen["env"][f"V{i}"] for i in range(len(HOSTILE))] == HOSTILE
