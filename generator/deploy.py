@@ -1,7 +1,9 @@
-"""Bring a cluster up, down, and look at it, over each node's Docker context (python-on-whales).
+"""Bring a cluster up, down, and look at it, over each node's Docker context (python-on-whales);
+and the node-side work of `preflight`, `lock` and `sync-model`.
 
-up: contexts answer -> wrapper image on every node -> the head's Ray -> the workers' Ray (parallel)
-    -> serve behind its health gate. Each phase has its own timeout and is timed.
+up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
+    -> preflight -> the head's Ray -> the workers' Ray (parallel) -> serve, ready at its first
+    real completion. Each phase has its own timeout and is timed.
 """
 
 from __future__ import annotations
