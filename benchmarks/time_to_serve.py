@@ -31,12 +31,13 @@ ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
 WORK = Path("/tmp/vllm-compose-bench")
 
 
-def first_completion(ip: str, deadline: float) -> None:
+def first_completion(ip: str, deadline: float, key: str | None = None) -> None:
     body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     while time.monotonic() < deadline:
-        request = urllib.request.Request(
-            f"http://{ip}:{PORT}/v1/completions", body, {"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(f"http://{ip}:{PORT}/v1/completions", body, headers)
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 if json.load(response)["choices"]:
@@ -85,7 +86,7 @@ def with_compose(config: Path, head: Node) -> tuple[float, str]:
     )
     if up.returncode != 0:
         raise RuntimeError(f"vllm-compose up failed:\n{up.stderr}")
-    first_completion(str(head.ip), start + 600)
+    first_completion(str(head.ip), start + 600, clusters.api_key(config))
     took = time.monotonic() - start
     phases = re.search(r"^phases: (.*)$", up.stdout, re.M)
     subprocess.run(

@@ -10,7 +10,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from generator import __version__, config, deploy, lock, output, reference, render, units
+from generator import (
+    __version__,
+    config,
+    deploy,
+    lock,
+    output,
+    reference,
+    render,
+    secrets,
+    units,
+)
 from generator import preflight as preflight_checks
 from generator.errors import DockerError, VllmComposeError
 
@@ -89,6 +99,18 @@ def _deployment(
     )
 
 
+def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deployment:
+    found = secrets.local(path, deployment.cluster)
+    if found.generated:
+        err.print(
+            f"api key: generated {found.generated} (mode 0600); clients send it as"
+            " 'Authorization: Bearer <key>'",
+            markup=False,
+        )
+    deployment.secret_files = found.files
+    return deployment
+
+
 def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
     resolved = deploy.Deployment(cluster, _render(path, cluster, outdir), _progress).resolve()
     written = lock.write(path, resolved)
@@ -148,13 +170,25 @@ def up(
 ) -> None:
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. With a lock beside the config, the locked image and model or an error."""
-    deployment = _deployment(path, outdir, strict=True, update_lock=update_lock)
+    deployment = _with_secrets(
+        _deployment(path, outdir, strict=True, update_lock=update_lock), path
+    )
     timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
     result = deployment.up(timeouts, checks=not skip_preflight)
     for node, what in result.images.items():
         out.print(f"image on {node}: {what}")
     out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
     out.print(f"ready: {result.endpoint}")
+
+
+@app.command("secrets")
+def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Write the secret files (the API key, generated beside the config when missing, and the HF
+    token) onto every node that needs them, as `up` does; for stacks started by hand."""
+    deployment = _with_secrets(_deployment(path, outdir), path)
+    deployment.push_secrets()
+    for node in deployment.cluster.nodes:
+        out.print(f"{node.name}: secrets written", markup=False)
 
 
 @app.command("lock")

@@ -34,6 +34,11 @@ ABS_PATH = r"^/[^\x00-\x1f:]*$"
 
 # Values vllm-compose derives per node; setting them by hand would make nodes disagree.
 PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+SECRET_ENV = {
+    "VLLM_API_KEY": "api_key_file",
+    "HF_TOKEN": "hf_token_file",
+    "HUGGING_FACE_HUB_TOKEN": "hf_token_file",
+}
 MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {
@@ -161,6 +166,23 @@ class Ray(Strict):
     dashboard: bool = Field(default=False, description="Run Ray's dashboard (off: no open port).")
 
 
+SECRET_FILE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+
+
+class Secrets(Strict):
+    api_key_file: str | None = Field(
+        default=None,
+        pattern=SECRET_FILE,
+        description="File beside the config holding the API key clients must send (default: "
+        "CONFIG-STEM.api-key, generated with mode 0600 when missing).",
+    )
+    hf_token_file: str | None = Field(
+        default=None,
+        pattern=SECRET_FILE,
+        description="File beside the config holding a Hugging Face token (default: none).",
+    )
+
+
 class Cluster(Strict):
     name: str = Field(pattern=NAME, description="Cluster name; the Compose project name.")
     image: str = Field(
@@ -186,6 +208,11 @@ class Cluster(Strict):
     ray: Ray = Field(default_factory=Ray, description="Ray settings (backend: ray).")
     env: dict[Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192)]] = (
         Field(default_factory=dict, max_length=256, description="Environment added on every node.")
+    )
+    secrets: Secrets = Field(
+        default_factory=Secrets,
+        description="Secret files; their contents never enter a rendered file, a container's "
+        "configured environment, a command line or a log.",
     )
 
     @model_validator(mode="after")
@@ -281,7 +308,18 @@ def _override_problems(c: Cluster) -> list[str]:
         for key in PER_NODE_ENV
         if key in c.env
     ]
+    problems += [
+        f"env.{key}: a secret in env shows in `docker inspect`; put it in the file "
+        f"secrets.{field} names"
+        for key, field in SECRET_ENV.items()
+        if key in c.env
+    ]
     for i, arg in enumerate(c.vllm.args):
+        if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
+            problems.append(
+                f"vllm.args.{i}: a secret on the command line shows in `ps` and `docker inspect`;"
+                " use secrets.api_key_file / secrets.hf_token_file"
+            )
         flag = arg.split("=", 1)[0]
         if flag in NAMED_FLAGS:
             problems.append(
@@ -365,6 +403,7 @@ _PATTERN_HINTS = {
     ENV_KEY: "a variable name has letters, digits and '_', not starting with a digit",
     IMAGE: "expected an image reference like registry/name:tag or name@sha256:<digest>",
     ABS_PATH: "expected an absolute path without ':' or control characters",
+    SECRET_FILE: "a file name beside the config: letters, digits, '_', '.', '-', no '/'",
 }
 
 

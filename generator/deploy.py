@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from python_on_whales import DockerClient, DockerException
 
-from generator import diagnose, images, lock, preflight, sync
+from generator import diagnose, images, lock, preflight, secrets, sync
 from generator.config import Cluster, Node
 from generator.errors import DockerError, PhaseError, PreflightError
 from generator.fanout import Report, last_line, parallel
@@ -66,6 +66,7 @@ class Deployment:
         locked: lock.Lock | None = None,
         lock_file: Path | None = None,
         accept_drift: bool = False,
+        secret_files: dict[str, Path] | None = None,
     ) -> None:
         """`cluster` as rendered: with a lock, its image is the locked ID."""
         self.cluster = cluster
@@ -75,6 +76,7 @@ class Deployment:
         self.lock_file = lock_file or Path("cluster.lock.json")
         # Just re-locked: nodes holding another image under the ref get the locked one streamed.
         self.accept_drift = accept_drift
+        self.secret_files = secret_files or {}
         self.docker = {n.name: client(cluster, n, outdir) for n in cluster.nodes}
 
     # up
@@ -86,6 +88,7 @@ class Deployment:
         if self.locked and not self.accept_drift:
             self._no_image_drift(self.locked)
         self._phase(result, "image", lambda: result.images.update(self._images(c.nodes)))
+        self._phase(result, "secrets", self.push_secrets)
         if checks:
             self._phase(result, "preflight", self._preflight_passes)
         if c.backend == "ray":
@@ -129,6 +132,20 @@ class Deployment:
             )
         except DockerError as e:
             raise PhaseError(e.node, "image", e.message, e.detail) from None
+
+    def push_secrets(self) -> None:
+        """Each node's secret files, onto the node, all nodes at once."""
+        image = wrapper_tag(self.cluster)
+
+        def push(node: Node) -> Callable[[], None]:
+            stack = next(s for s in node_stacks(self.cluster, "") if s.node == node)
+            files = {n: p for n, p in self.secret_files.items() if n in stack.used_secrets}
+            return lambda: secrets.push(
+                self.cluster, node.name, self.docker[node.name], image, files
+            )
+
+        work = {n.name: push(n) for n in self.cluster.nodes}
+        parallel("secrets", work, 120, self.report)
 
     # preflight
 

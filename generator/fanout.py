@@ -36,10 +36,12 @@ def parallel(
         thread.start()
     start = time.monotonic()
     while True:
+        # Which threads still run, before looking for errors: a thread records its error before
+        # it ends, so one that ended with an error is never mistaken for one that succeeded.
+        pending = [n for n, t in threads.items() if t.is_alive()]
         if errors:
             name = next(iter(errors))
             raise _phase_error(phase, name, errors[name])
-        pending = [n for n, t in threads.items() if t.is_alive()]
         if not pending:
             return results
         elapsed = time.monotonic() - start

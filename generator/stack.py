@@ -14,6 +14,14 @@ from pathlib import PurePosixPath
 from generator.config import MEMORY_MONITOR, Cluster, Node
 
 RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILURES #13)
+# Where each node keeps the cluster's secret files (written there by `up` over the context, from
+# the files beside the config); Compose mounts them at /run/secrets/<name> in the serve container.
+SECRETS_DIR = "/var/lib/vllm-compose"
+SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token"}
+
+
+def secret_path(cluster: str, name: str) -> str:
+    return f"{SECRETS_DIR}/{cluster}/{SECRET_NAMES[name]}"
 
 
 def model_mount(path: str) -> str:
@@ -46,6 +54,7 @@ class Service:
     volumes: list[str] = field(default_factory=list)  # named volumes, "name:/path"
     environment: dict[str, str] = field(default_factory=dict)
     model: str | None = None  # mounted read-only at the same path (see model_mount)
+    secrets: list[str] = field(default_factory=list)  # names of SECRET_NAMES
 
     def fingerprint(self, stack: NodeStack) -> str:
         """Hash of everything this service is rendered from. Its label changes only when the
@@ -97,6 +106,17 @@ class NodeStack:
             env[MEMORY_MONITOR] = "0"
             env["RAY_USAGE_STATS_ENABLED"] = "0"
         return env | dict(self.cluster.env)
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """Secret name -> its file on the node. The API key always: serving is authenticated."""
+        names = ["api_key"] + (["hf_token"] if self.cluster.secrets.hf_token_file else [])
+        return {name: secret_path(self.cluster.name, name) for name in names}
+
+    @property
+    def used_secrets(self) -> dict[str, str]:
+        used = {name for s in self.services for name in s.secrets}
+        return {name: path for name, path in self.secrets.items() if name in used}
 
     @property
     def labels(self) -> dict[str, str]:
@@ -163,7 +183,8 @@ class NodeStack:
             depends_on="ray",
             pid_of="ray",
             volumes=[f"ray-tmp:{RAY_TMP}"],
-            environment={"RAY_ADDRESS": self.gcs_address},
+            environment={"RAY_ADDRESS": self.gcs_address, **self._secret_env},
+            secrets=list(self.secrets),
         )
 
     # Native backend
@@ -172,10 +193,24 @@ class NodeStack:
         c = self.cluster
         cmd = [*self._vllm_serve(), "--nnodes", str(len(c.nodes)), "--node-rank", str(self._rank)]
         cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
+        env, secrets = self._secret_env, list(self.secrets)
         if self.is_head:
-            return Service("serve", [*cmd, *c.vllm.args], self._serve_health())
+            return Service(
+                "serve",
+                [*cmd, *c.vllm.args],
+                self._serve_health(),
+                environment=env,
+                secrets=secrets,
+            )
         # A headless rank has no API to probe; the head's completion gate proves it works.
-        return Service("serve", [*cmd, "--headless", *c.vllm.args], None)
+        cmd = [*cmd, "--headless", *c.vllm.args]
+        return Service("serve", cmd, None, environment=env, secrets=secrets)
+
+    @property
+    def _secret_env(self) -> dict[str, str]:
+        """Paths only, never contents: the entrypoint reads the API key from its file into
+        VLLM_API_KEY of the process it starts; huggingface_hub reads HF_TOKEN_PATH itself."""
+        return {"HF_TOKEN_PATH": "/run/secrets/hf_token"} if "hf_token" in self.secrets else {}
 
     @property
     def _rank(self) -> int:

@@ -21,4 +21,10 @@ esac
 if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ]; then
     vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "${VLLM_COMPOSE_WAIT_SECONDS:-300}"
 fi
+# The API key arrives as a file (Compose secret), never in argv or the container's configured env:
+# vLLM reads VLLM_API_KEY from the environment of this process only.
+if [ -r /run/secrets/api_key ]; then
+    VLLM_API_KEY="$(cat /run/secrets/api_key)"
+    export VLLM_API_KEY
+fi
 exec "$@"

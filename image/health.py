@@ -74,9 +74,15 @@ def print_nodes(args):
     return None
 
 
+API_KEY = "/run/secrets/api_key"
+
+
 def check_serve(args):
     body = json.dumps({"model": args.model, "prompt": "ping", "max_tokens": 1}).encode()
     headers = {"Content-Type": "application/json"}
+    if os.path.exists(API_KEY):  # the serve container's secret; never on a command line
+        with open(API_KEY) as f:
+            headers["Authorization"] = f"Bearer {f.read().strip()}"
     url = f"http://127.0.0.1:{args.port}/v1/completions"
     request = urllib.request.Request(url, data=body, headers=headers)
     try:

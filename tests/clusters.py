@@ -55,6 +55,11 @@ def write_config(
     return path
 
 
+def api_key(config: Path) -> str:
+    """The API key `up` generated beside the config."""
+    return (config.parent / f"{config.stem}.api-key").read_text().strip()
+
+
 def cli(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "generator", *map(str, args)],

@@ -59,9 +59,11 @@ def up() -> None:
         "curl", "-s", f"http://{head.ip}:30000/v1/chat/completions",
         "-H", "Content-Type: application/json", "-d", json.dumps(body),
     ]  # fmt: skip
-    shown = shlex.join(request)
+    key_file = CONFIG.parent / f"{CONFIG.stem}.api-key"
+    shown = shlex.join(request) + f' -H "Authorization: Bearer $(cat {key_file})"'
     step(f"a request from {worker.name}: {shown}")
-    answer = json.loads(worker.nsexec(*request).stdout)
+    auth = f"Authorization: Bearer {key_file.read_text().strip()}"
+    answer = json.loads(worker.nsexec(*request, "-H", auth).stdout)
     print(json.dumps(answer["choices"][0]["message"], indent=2))
     print(
         f"endpoint: http://{head.ip}:30000/v1 (model {MODEL}, random weights: the words are noise)"

@@ -4,6 +4,7 @@ engine and kept; rebuilt whenever missing."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -16,7 +17,11 @@ CACHE = Path("/var/cache/vllm-compose-test")
 DEBIAN = "vllm-compose-test/debian:bookworm"
 RAY = "vllm-compose-test/ray:2.58.0"
 RAY_VERSION = "2.58.0"
-STANDIN = "vllm-compose-test/ray-standin:2.58.0"
+# Tagged by the stand-in's content: a changed stand-in is a new image, never a stale cached one.
+STANDIN = (
+    "vllm-compose-test/ray-standin:2.58.0-"
+    + hashlib.sha256((Path(__file__).parent / "standin_vllm.py").read_bytes()).hexdigest()[:8]
+)
 VLLM_VERSION = "0.32.0"
 VLLM = f"vllm-compose-test/vllm-cpu:{VLLM_VERSION}"
 MODEL = "tiny-llama"  # folder name of the generated model

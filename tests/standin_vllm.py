@@ -7,6 +7,7 @@ answers the OpenAI completion route. It never pretends to generate: the text is 
 
 import argparse
 import json
+import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -31,6 +32,7 @@ def main() -> None:
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
     print(f"stand-in vllm: attached to Ray, nodes {nodes}, serving on :{args.port}", flush=True)
     name = args.served_model_name or args.model
+    key = os.environ.get("VLLM_API_KEY")  # as vLLM: when set, every /v1 request must carry it
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -38,13 +40,16 @@ def main() -> None:
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                self._send({"error": "Unauthorized"}, 401)
+                return
             self._send(
                 {"model": name, "choices": [{"index": 0, "text": "stand-in"}], "ray_nodes": nodes}
             )
 
-        def _send(self, body: dict) -> None:
+        def _send(self, body: dict, status: int = 200) -> None:
             data = json.dumps(body).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

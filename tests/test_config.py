@@ -85,7 +85,7 @@ BROKEN = [
         BASE + "colour: red\n",
         [
             "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
-            " nodes, model, vllm, ray, env)"
+            " nodes, model, vllm, ray, env, secrets)"
         ],
     ),
     (

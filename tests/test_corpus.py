@@ -81,6 +81,9 @@ CASES: dict[str, str] = {
     "inject-env-key-equals": BASE + "env: {'A=B': x}\n",
     "inject-env-per-node": BASE + "env: {NCCL_SOCKET_IFNAME: eth1}\n",
     "inject-args-named-flag": BASE + "vllm: {args: [--tensor-parallel-size, '8']}\n",
+    "secret-in-env": BASE + "env: {VLLM_API_KEY: sk-123}\n",
+    "secret-on-command-line": BASE + "vllm: {args: [--api-key, sk-123]}\n",
+    "secret-file-traversal": BASE + "secrets: {api_key_file: ../../etc/shadow}\n",
     "huge-name": r("name: c\n", "name: " + "c" * 10000 + "\n"),
     "huge-env-value": BASE + "env: {X: '" + "v" * 10000 + "'}\n",
     "huge-args": BASE + "vllm: {args: [" + ", ".join(["--x"] * 300) + "]}\n",
@@ -93,6 +96,12 @@ CASES: dict[str, str] = {
 
 # The first problem line each must give (the field, then why).
 FIRST = {
+    "secret-in-env": "env.VLLM_API_KEY: a secret in env shows in `docker inspect`; put it in the "
+    "file secrets.api_key_file names",
+    "secret-on-command-line": "vllm.args.0: a secret on the command line shows in `ps` and "
+    "`docker inspect`; use secrets.api_key_file / secrets.hf_token_file",
+    "secret-file-traversal": "secrets.api_key_file: '../../etc/shadow' is not allowed: a file name "
+    "beside the config: letters, digits, '_', '.', '-', no '/'",
     "dup-contexts": "nodes.1.context: a is already used by node 'a'",
     "dup-heads": "nodes.1.role: a second head; only one node may say 'role: head'",
     "dup-ips": "nodes.1.ip: 10.0.0.1 is already used by node 'a'",
@@ -144,7 +153,7 @@ FIRST = {
     "type-startup-timeout-low": "vllm.startup_timeout: Input should be greater than or equal to 10",
     "type-utilization-above-one": "vllm.gpu_memory_utilization: Input should be less than or equal to 1",
     "unknown-node-key": "nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)",
-    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, env)",
+    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, env, secrets)",
     "unknown-vllm-key": "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy, master_port, startup_timeout, args)",
 }
 

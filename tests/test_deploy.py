@@ -40,8 +40,10 @@ def first_healthy(container: Container) -> datetime:
     return passed[0]
 
 
-def completion_from(node: Node, url: str) -> dict:
-    out = node.nsexec("curl", "-sf", "-m", "10", url, "-d", '{"prompt": "hi", "max_tokens": 1}')
+def completion_from(node: Node, url: str, config: Path) -> dict:
+    auth = f"Authorization: Bearer {clusters.api_key(config)}"
+    body = '{"prompt": "hi", "max_tokens": 1}'
+    out = node.nsexec("curl", "-sf", "-m", "10", url, "-H", auth, "-d", body)
     return json.loads(out.stdout)
 
 
@@ -53,7 +55,7 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(
     assert result.returncode == 0, result.stderr
     assert "ready: http://192.168.200.12:30000/v1" in result.stdout
 
-    answer = completion_from(worker, "http://192.168.200.12:30000/v1/completions")
+    answer = completion_from(worker, "http://192.168.200.12:30000/v1/completions", config)
     assert answer["ray_nodes"] == [head.ip, worker.ip]
 
     on_head, on_worker = containers(head, "pair"), containers(worker, "pair")
@@ -187,7 +189,8 @@ def test_deploy_over_real_ssh_contexts(stack) -> None:
     config = write_config(tmp / "c.yaml", "overssh", [head, worker], contexts)
     result = cli("up", config, cwd=tmp)
     assert result.returncode == 0, result.stderr
-    assert completion_from(worker, "http://192.168.200.12:30000/v1/completions")["ray_nodes"] == [
+    url = "http://192.168.200.12:30000/v1/completions"
+    assert completion_from(worker, url, config)["ray_nodes"] == [
         head.ip,
         worker.ip,
     ]

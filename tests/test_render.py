@@ -179,7 +179,7 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     # a running container receives the plain string (test_corpus.py).
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
-        ("spark-1", {"name", "x-vllm-compose", "services", "volumes"}),
+        ("spark-1", {"name", "x-vllm-compose", "services", "volumes", "secrets"}),
         ("spark-2", {"name", "x-vllm-compose", "services"}),
     ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())

@@ -349,6 +349,7 @@ class Testbed:
             self._signal_engine(node, signal.SIGTERM, wait=True)
             sh("docker", "context", "rm", "-f", node.context, check=False)
             sh("ip", "netns", "del", node.netns, check=False)
+            (STATE / f"{node.netns}.dockerd.log").unlink(missing_ok=True)
         sh(
             "iptables",
             "-D",

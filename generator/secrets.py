@@ -1,0 +1,80 @@
+"""Secret files: found (or, for the API key, made) beside the config, then written onto each node
+over its context, so a remote engine finds them on its own side.
+
+The contents travel only as a container's stdin, into a file of mode 0600 in a folder of mode 0700
+on the node (stack.SECRETS_DIR); never as an argument, an environment variable or a log line.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as random_secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from python_on_whales import DockerClient
+
+from generator.config import Cluster
+from generator.errors import DockerError, VllmComposeError
+from generator.stack import SECRETS_DIR, secret_path
+
+
+@dataclass(frozen=True)
+class Local:
+    files: dict[str, Path]  # secret name -> file beside the config
+    generated: Path | None = None  # the API key file made just now, if any
+
+
+def local(config: Path, cluster: Cluster) -> Local:
+    """The secret files beside the config. Without `secrets.api_key_file`, the key is
+    CONFIG-STEM.api-key, generated (mode 0600) when it does not exist yet."""
+    folder = config.resolve().parent
+    files: dict[str, Path] = {}
+    generated = None
+    named = cluster.secrets.api_key_file
+    api_key = folder / (named or f"{config.stem}.api-key")
+    if not api_key.exists():
+        if named:
+            raise VllmComposeError(
+                f"secrets.api_key_file: {api_key} does not exist",
+                "write the key there (one line), or drop the setting to have one generated",
+            )
+        # O_EXCL: never overwrites; 0600 from the first byte.
+        fd = os.open(api_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(random_secrets.token_urlsafe(32) + "\n")
+        generated = api_key
+    files["api_key"] = api_key
+    if cluster.secrets.hf_token_file:
+        token = folder / cluster.secrets.hf_token_file
+        if not token.exists():
+            raise VllmComposeError(f"secrets.hf_token_file: {token} does not exist")
+        files["hf_token"] = token
+    for path in files.values():
+        if path.stat().st_mode & 0o077:
+            raise VllmComposeError(
+                f"{path} can be read by other users (mode {path.stat().st_mode & 0o777:o})",
+                f"chmod 600 {path}",
+            )
+    return Local(files, generated)
+
+
+def push(
+    cluster: Cluster, node: str, docker: DockerClient, image: str, files: dict[str, Path]
+) -> None:
+    """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700)."""
+    folder = f"{SECRETS_DIR}/{cluster.name}"
+    for name, path in files.items():
+        target = secret_path(cluster.name, name).rsplit("/", 1)[1]
+        # The script names only paths; the secret is its stdin.
+        script = (
+            f"umask 077 && mkdir -p /s && chmod 700 /s && cat > /s/.{target}.new"
+            f" && mv /s/.{target}.new /s/{target}"
+        )
+        cmd = [*map(str, docker.client_config.docker_cmd), "run", "--rm", "-i"]
+        cmd += ["-v", f"{folder}:/s", "--entrypoint", "sh", image, "-c", script]
+        done = subprocess.run(cmd, input=path.read_bytes(), capture_output=True, check=False)
+        if done.returncode != 0:
+            error = done.stderr.decode(errors="replace").strip().splitlines()
+            raise DockerError(node, f"writing the {name} file failed: {error[-1] if error else ''}")
