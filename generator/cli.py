@@ -186,7 +186,7 @@ def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write the secret files (the API key, generated beside the config when missing, and the HF
     token) onto every node that needs them, as `up` does; for stacks started by hand."""
     deployment = _with_secrets(_deployment(path, outdir), path)
-    deployment.push_secrets()
+    deployment.secrets_onto_nodes()
     for node in deployment.cluster.nodes:
         out.print(f"{node.name}: secrets written", markup=False)
 

@@ -133,6 +133,12 @@ class Deployment:
         except DockerError as e:
             raise PhaseError(e.node, "image", e.message, e.detail) from None
 
+    def secrets_onto_nodes(self) -> None:
+        """As `up` does it, alone: for stacks started by hand."""
+        self._contexts_answer(30)
+        self._images(self.cluster.nodes)
+        self.push_secrets()
+
     def push_secrets(self) -> None:
         """Each node's secret files, onto the node, all nodes at once."""
         image = wrapper_tag(self.cluster)

@@ -6,6 +6,7 @@ container exactly as written (engine test)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -230,15 +231,25 @@ def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) 
         check=False,
     )
     assert rendered.returncode == 0, rendered.stderr
+    # Started by hand, as a user of the plain compose files does: the key first.
+    pushed = subprocess.run(
+        [sys.executable, "-m", "generator", "secrets", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert pushed.returncode == 0, pushed.stderr
     stack = DockerClient(
         compose_files=[tmp_path / "compose/probe/local/compose.yaml"], compose_project_name="probe"
     )
     try:
-        stack.compose.up(["serve"], detach=True, quiet=True)
+        stack.compose.up(["serve"], detach=True, quiet=True, pull="never")
         docker.container.wait(stack.compose.ps(all=True)[0])
         log = str(stack.compose.logs(["serve"], no_log_prefix=True))
     finally:
         stack.compose.down(volumes=True, quiet=True)
+        shutil.rmtree("/var/lib/vllm-compose/probe", ignore_errors=True)
     seen = json.loads(log.strip().splitlines()[-1])
     assert seen["argv"][-len(HOSTILE) :] == HOSTILE
     assert [seen["env"][f"V{i}"] for i in range(len(HOSTILE))] == HOSTILE

@@ -153,7 +153,7 @@ def test_external_default_route_needs_forced_node_ips(stack) -> None:
         docker = DockerClient(
             context=head.context, compose_files=[compose], compose_project_name="forced"
         )
-        docker.compose.up(["ray"], detach=True, quiet=True)
+        docker.compose.up(["ray"], detach=True, quiet=True, pull="never")
         check = [
             "vllm-compose-health",
             "ray",
