@@ -29,7 +29,7 @@ from generator.render import node_stacks, wrapper_tag
 from generator.stack import model_mount
 
 LOG_TAIL = 20
-PROBE_EVERY = 5  # seconds between readiness probes until the log says the server started
+PROBE_EVERY = 15  # seconds between readiness probes until the log says the server started
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 

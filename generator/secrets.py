@@ -68,9 +68,12 @@ def push(
     for name, path in files.items():
         target = secret_path(cluster.name, name).rsplit("/", 1)[1]
         # The script names only paths; the secret is its stdin.
+        # A temporary name of its own: two writers of one folder (nodes sharing a filesystem)
+        # never rename each other's file.
+        partial = f"/s/.{target}.{random_secrets.token_hex(8)}"
         script = (
-            f"umask 077 && mkdir -p /s && chmod 700 /s && cat > /s/.{target}.new"
-            f" && mv /s/.{target}.new /s/{target}"
+            f"umask 077 && mkdir -p /s && chmod 700 /s && cat > {partial}"
+            f" && mv {partial} /s/{target}"
         )
         cmd = [*map(str, docker.client_config.docker_cmd), "run", "--rm", "-i"]
         cmd += ["-v", f"{folder}:/s", "--entrypoint", "sh", image, "-c", script]

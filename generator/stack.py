@@ -239,4 +239,6 @@ class NodeStack:
         c = self.cluster
         test = ["CMD", "vllm-compose-health", "serve", "--port", str(c.vllm.port)]
         test += ["--model", c.served_model_name]
-        return Health(test, start_period=c.vllm.startup_timeout)
+        # Every check is a real completion: every 15 s, not 5, so checks do not compete with the
+        # model load for CPU, nor with traffic later. `up` does not wait on it (it probes itself).
+        return Health(test, start_period=c.vllm.startup_timeout, interval=15)
