@@ -14,6 +14,7 @@ from generator import (
     __version__,
     config,
     deploy,
+    errors,
     lock,
     output,
     reference,
@@ -84,19 +85,25 @@ def _deployment(
     """The deployment of the config, pinned by its lock when it has one. `strict` (commands that
     start things): a config changed since its lock is an error; `update_lock` re-locks first."""
     cluster = _load(path)
-    locked = lock.read(path)
-    if update_lock:
-        locked = _lock(path, cluster, outdir)
-    if locked and strict:
-        drift = lock.config_drift(cluster, locked)
-        if drift:
-            raise lock.DriftError(drift, lock.path_for(path))
-    if locked:
-        cluster = lock.pinned(cluster, locked)
+    locked = _lock(path, cluster, outdir) if update_lock else lock.read(path)
+    cluster, locked = _pinned(path, cluster, locked, strict)
     outdir_ = _render(path, cluster, outdir)
     return deploy.Deployment(
         cluster, outdir_, _progress, locked, lock.path_for(path), accept_drift=update_lock
     )
+
+
+def _pinned(
+    path: Path, cluster: config.Cluster, locked: lock.Lock | None, strict: bool
+) -> tuple[config.Cluster, lock.Lock | None]:
+    """The cluster with its base image named by the lock's ID, when there is a lock. `strict`:
+    a config changed since its lock is an error."""
+    if not locked:
+        return cluster, None
+    drift = lock.config_drift(cluster, locked) if strict else []
+    if drift:
+        raise errors.DriftError(drift, lock.path_for(path))
+    return lock.pinned(cluster, locked), locked
 
 
 def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deployment:
@@ -145,13 +152,7 @@ def render_cmd(
     ] = False,
 ) -> None:
     """Render one compose folder per node."""
-    cluster = _load(path)
-    locked = lock.read(path)
-    if locked:
-        drift = lock.config_drift(cluster, locked)
-        if drift:
-            raise lock.DriftError(drift, lock.path_for(path))
-        cluster = lock.pinned(cluster, locked)
+    cluster, _ = _pinned(path, _load(path), lock.read(path), strict=True)
     _render(path, cluster, outdir, dry_run, quiet=False)
 
 

@@ -23,7 +23,7 @@ from python_on_whales import DockerClient, DockerException
 
 from generator import diagnose, images, lock, preflight, secrets, sync
 from generator.config import Cluster, Node
-from generator.errors import DockerError, PhaseError, PreflightError
+from generator.errors import DockerError, DriftError, PhaseError, PreflightError
 from generator.fanout import Report, last_line, parallel
 from generator.render import node_stacks, wrapper_tag
 from generator.stack import model_mount
@@ -78,6 +78,7 @@ class Deployment:
         self.accept_drift = accept_drift
         self.secret_files = secret_files or {}
         self.docker = {n.name: client(cluster, n, outdir) for n in cluster.nodes}
+        self.stacks = {s.node.name: s for s in node_stacks(cluster, "")}
 
     # up
 
@@ -144,8 +145,8 @@ class Deployment:
         image = wrapper_tag(self.cluster)
 
         def push(node: Node) -> Callable[[], None]:
-            stack = next(s for s in node_stacks(self.cluster, "") if s.node == node)
-            files = {n: p for n, p in self.secret_files.items() if n in stack.used_secrets}
+            used = self.stacks[node.name].used_secrets
+            files = {n: p for n, p in self.secret_files.items() if n in used}
             return lambda: secrets.push(
                 self.cluster, node.name, self.docker[node.name], image, files
             )
@@ -183,21 +184,17 @@ class Deployment:
                 for line in lock.model_drift(self.locked, node, found["model"])
             ]
             if drift:
-                raise lock.DriftError(drift, self.lock_file)
+                raise DriftError(drift, self.lock_file)
 
     # lock
 
     def _no_image_drift(self, locked: lock.Lock) -> None:
         """A node whose engine holds another image under the locked ref has drifted."""
-        held: dict[str, str | None] = {}
-        for node in self.cluster.nodes:
-            try:
-                held[node.name] = self.docker[node.name].image.inspect(locked["image"]["ref"]).id
-            except DockerException:
-                held[node.name] = None
-        drift = lock.image_drift(locked, held)
+        drift = lock.image_drift(
+            locked, self._image_ids(locked["image"]["ref"], self.cluster.nodes)
+        )
         if drift:
-            raise lock.DriftError(drift, self.lock_file)
+            raise DriftError(drift, self.lock_file)
 
     def resolve(self) -> lock.Lock:
         """What the head resolves the config to now: its base image, the versions inside it and
@@ -247,7 +244,7 @@ class Deployment:
     def _health(self, node: Node, args: list[str]) -> Any:
         """`vllm-compose-health ARGS` in a one-off container of the node's first service; its
         JSON output."""
-        service = next(s for s in node_stacks(self.cluster, "") if s.node == node).services[0]
+        service = self.stacks[node.name].services[0]
         try:
             out = self.docker[node.name].compose.run(
                 service.name,
@@ -263,10 +260,14 @@ class Deployment:
 
     def _bases(self, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID of its base image, None where only the wrapper is there."""
+        return self._image_ids(self.cluster.image, nodes)
+
+    def _image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
+        """node -> the ID its engine has under `ref`, None where it has none."""
         found: dict[str, str | None] = {}
         for node in nodes:
             try:
-                found[node.name] = self.docker[node.name].image.inspect(self.cluster.image).id
+                found[node.name] = self.docker[node.name].image.inspect(ref).id
             except DockerException:
                 found[node.name] = None
         return found
@@ -308,8 +309,7 @@ class Deployment:
         self._await(head, "serve", probe, timeout, "serve", follow=True, ranks=ranks)
 
     def _probe(self, node: Node, service: str) -> list[str]:
-        stack = next(s for s in node_stacks(self.cluster, "") if s.node == node)
-        health = next(s.health for s in stack.services if s.name == service)
+        health = next(s.health for s in self.stacks[node.name].services if s.name == service)
         assert health is not None, f"{service} has no healthcheck"
         return health.test[1:]  # without "CMD"
 
@@ -326,52 +326,40 @@ class Deployment:
         """Run `probe` in the service's container until it passes: every PROBE_EVERY seconds, and
         every second once the log (when followed) says the server started. Fails at once when the
         container stops, with the cause from its log."""
+        docker, ranks = self.docker[node.name], ranks or []
         with self._follow(node, service) if follow else contextlib.nullcontext() as lines:
-            self._poll(node, service, probe, limit, phase, lines, ranks or [])
-
-    def _poll(
-        self,
-        node: Node,
-        service: str,
-        probe: list[str],
-        limit: float,
-        phase: str,
-        lines: queue.Queue[str | None] | None,
-        ranks: list[Node],
-    ) -> None:
-        docker = self.docker[node.name]
-        start = reported = time.monotonic()
-        probed, started, last = 0.0, lines is None, "not probed yet"
-        while True:
-            now = time.monotonic()
-            if now - probed >= (1 if started else PROBE_EVERY):
-                probed = now
+            start = reported = time.monotonic()
+            probed, started, last = 0.0, lines is None, "not probed yet"
+            while True:
+                now = time.monotonic()
+                if now - probed >= (1 if started else PROBE_EVERY):
+                    probed = now
+                    try:
+                        docker.compose.execute(service, probe, tty=False)
+                        return
+                    except DockerException as e:
+                        last = last_line(e.stderr).removeprefix("vllm-compose-health: ")
+                    for other in [node, *ranks]:
+                        if not self._running(other, service):
+                            self._raise_failed(other, phase, f"{service} stopped")
+                if now - start > limit:
+                    self._raise_failed(node, phase, f"not ready after {limit:g} s: {last}")
+                if now - reported >= 5:
+                    self.report(f"{phase}: {node.name} not ready ({now - start:.0f} s): {last}")
+                    reported = now
+                if lines is None:
+                    time.sleep(1)
+                    continue
                 try:
-                    docker.compose.execute(service, probe, tty=False)
-                    return
-                except DockerException as e:
-                    last = last_line(e.stderr).removeprefix("vllm-compose-health: ")
-                for other in [node, *ranks]:
-                    if not self._running(other, service):
-                        self._raise_failed(other, phase, f"{service} stopped")
-            if now - start > limit:
-                self._raise_failed(node, phase, f"not ready after {limit:g} s: {last}")
-            if now - reported >= 5:
-                self.report(f"{phase}: {node.name} not ready ({now - start:.0f} s): {last}")
-                reported = now
-            if lines is None:
-                time.sleep(1)
-                continue
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            if line is None:  # the log ended: the container stopped
-                lines, started = None, True
-            elif STARTED in line:
-                started = True
-            elif tripped := diagnose.guard(line):
-                self._raise_failed(node, phase, tripped.cause, tripped.hint, line.strip())
+                    line = lines.get(timeout=1)
+                except queue.Empty:
+                    continue
+                if line is None:  # the log ended: the container stopped
+                    lines, started = None, True
+                elif STARTED in line:
+                    started = True
+                elif tripped := diagnose.guard(line):
+                    self._raise_failed(node, phase, tripped.cause, tripped.hint, line.strip())
 
     @contextlib.contextmanager
     def _follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:

@@ -5,10 +5,14 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 ├── OutputError             a rendered file could not be written
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
-└── PreflightError          preflight checks failed: one line per failed check
+└── ListedError             a headline and one line per finding
+    ├── PreflightError      preflight checks failed
+    └── DriftError          the cluster no longer matches its lock
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class VllmComposeError(Exception):
@@ -59,14 +63,31 @@ class PhaseError(DockerError):
         self.phase = phase
 
 
-class PreflightError(VllmComposeError):
+class ListedError(VllmComposeError):
+    """A headline, one indented line per finding, then the hint."""
+
+    def __init__(self, message: str, findings: list[str], hint: str) -> None:
+        super().__init__(message, hint)
+        self.findings = findings
+
+    def lines(self) -> list[str]:
+        return [self.message, *(f"  {line}" for line in self.findings), f"hint: {self.hint}"]
+
+
+class PreflightError(ListedError):
     def __init__(self, failures: list[str], seconds: float) -> None:
         n = len(failures)
         super().__init__(
             f"preflight: {n} check{'s' if n != 1 else ''} failed in {seconds:.1f} s",
-            hint="fix these, or skip them with --skip-preflight",
+            failures,
+            "fix these, or skip them with --skip-preflight",
         )
-        self.failures = failures
 
-    def lines(self) -> list[str]:
-        return [self.message, *(f"  {line}" for line in self.failures), f"hint: {self.hint}"]
+
+class DriftError(ListedError):
+    def __init__(self, what: list[str], lock: Path) -> None:
+        super().__init__(
+            f"{lock.name}: the cluster no longer matches its lock:",
+            what,
+            "make it match again, or accept the change with --update-lock",
+        )

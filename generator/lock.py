@@ -22,18 +22,6 @@ from generator.render import wrapper_tag
 Lock = dict[str, Any]
 
 
-class DriftError(VllmComposeError):
-    def __init__(self, what: list[str], lock: Path) -> None:
-        super().__init__(
-            f"{lock.name}: the cluster no longer matches its lock:",
-            hint="make it match again, or accept the change with --update-lock",
-        )
-        self.what = what
-
-    def lines(self) -> list[str]:
-        return [self.message, *(f"  {line}" for line in self.what), f"hint: {self.hint}"]
-
-
 def path_for(config: Path) -> Path:
     return config.with_name(f"{config.stem}.lock.json")
 

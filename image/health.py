@@ -93,17 +93,26 @@ def check_serve(args):
     return None if choices else f"completion at {url} returned no choices"
 
 
-def wait_for(args):
-    host, port = args.target.rsplit(":", 1)
-    deadline = time.monotonic() + args.seconds
+def connect(host, port, seconds, every=1.0, timeout=30):
+    """A TCP connection to host:port, retried every `every` seconds until `seconds` have passed
+    (the other end may still be starting); the last error is raised after that."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=2).close()
-            return None
-        except OSError as e:
+            return socket.create_connection((host, int(port)), timeout=timeout)
+        except OSError:
             if time.monotonic() > deadline:
-                return f"{args.target} not reachable after {args.seconds:g} s: {e}"
-            time.sleep(1)
+                raise
+            time.sleep(every)
+
+
+def wait_for(args):
+    host, port = args.target.rsplit(":", 1)
+    try:
+        connect(host, port, args.seconds, timeout=2).close()
+    except OSError as e:
+        return f"{args.target} not reachable after {args.seconds:g} s: {e}"
+    return None
 
 
 def interface(name):
@@ -296,18 +305,6 @@ def send(args):
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
-def connect(host, port, seconds=30):
-    """The sender may still be starting: retry until it listens, bounded."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return socket.create_connection((host, int(port)), timeout=30)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def recv_exact(conn, view):
     got = 0
     while got < len(view):
@@ -346,7 +343,7 @@ def receive(args):
                 kept += 1
                 continue
         if conn is None:
-            conn = connect(host, port)
+            conn = connect(host, port, 30, every=0.2)  # the sender may still be starting
         conn.sendall(json.dumps({"file": name}).encode() + b"\n")
         header = bytearray(8)
         if recv_exact(conn, memoryview(header)) != 8:
