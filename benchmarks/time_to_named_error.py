@@ -99,18 +99,8 @@ def memory_monitor_on(bed: Testbed, config: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def api_port_taken(bed: Testbed, config: Path) -> Iterator[None]:
-    head = bed.nodes[0]
-    squatter = head.docker.run(
-        images.STANDIN,
-        ["python3", "-m", "http.server", "30000", "--bind", head.ip],
-        detach=True,
-        networks=["host"],
-        remove=True,
-    )
-    try:
+    with bed.listening(bed.nodes[0], 30000, images.STANDIN):
         yield
-    finally:
-        squatter.remove(force=True)
 
 
 FAULTS: list[tuple[str, Fault]] = [

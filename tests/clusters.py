@@ -71,6 +71,14 @@ def cli(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.Comple
     )
 
 
+def clean(bed: Testbed, folder: Path) -> None:
+    """After a test: `down` every config it wrote in `folder`, then whatever is left on the
+    testbed's engines."""
+    for config in folder.glob("*.yaml"):
+        cli("down", config, cwd=folder)
+    bed.remove_containers()
+
+
 def containers(node: Node, project: str) -> dict[str, Container]:
     docker = DockerClient(context=node.context)
     found = docker.container.list(

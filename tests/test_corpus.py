@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from python_on_whales import DockerClient
 
-from generator import cli
+from generator import cli as commands
 from tests import images
+from tests.clusters import cli
 from tests.test_config import BASE
 from tests.test_render import HOSTILE
 
@@ -184,7 +184,7 @@ def test_a_broken_config_is_refused_naming_the_field_and_nothing_changes(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["vllm-compose", "render", "cluster.yaml"])
     with pytest.raises(SystemExit) as exited:
-        cli.main()
+        commands.main()
     out, err = capsys.readouterr()
     assert exited.value.code == 2
     assert out == ""
@@ -223,22 +223,10 @@ def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) 
         f"vllm: {{args: {json.dumps(HOSTILE)}}}\n"
         f"env: {json.dumps({f'V{i}': v for i, v in enumerate(HOSTILE)})}\n"
     )
-    rendered = subprocess.run(
-        [sys.executable, "-m", "generator", "render", str(config)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    rendered = cli("render", config, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     # Started by hand, as a user of the plain compose files does: the key first.
-    pushed = subprocess.run(
-        [sys.executable, "-m", "generator", "secrets", str(config)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    pushed = cli("secrets", config, cwd=tmp_path)
     assert pushed.returncode == 0, pushed.stderr
     stack = DockerClient(
         compose_files=[tmp_path / "compose/probe/local/compose.yaml"], compose_project_name="probe"

@@ -29,9 +29,7 @@ def write_config(
 @pytest.fixture
 def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
     yield testbed, tmp_path
-    for config in tmp_path.glob("*.yaml"):
-        cli("down", config, cwd=tmp_path)
-    testbed.remove_containers()
+    clusters.clean(testbed, tmp_path)
 
 
 def first_healthy(container: Container) -> datetime:

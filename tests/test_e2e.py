@@ -24,9 +24,7 @@ VLLM = "{port: 30000, max_model_len: 256, startup_timeout: 600, args: [--dtype, 
 @pytest.fixture
 def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
     yield vllm_testbed, tmp_path
-    for config in tmp_path.glob("*.yaml"):
-        cli("down", config, cwd=tmp_path)
-    vllm_testbed.remove_containers()
+    clusters.clean(vllm_testbed, tmp_path)
 
 
 def config(tmp: Path, bed: Testbed, name: str, backend: str) -> Path:

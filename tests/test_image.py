@@ -30,24 +30,21 @@ def build_wrapper(docker: DockerClient, base: str, tag: str) -> str:
     return tag
 
 
-def test_wrapper_without_ray_fails_fast_naming_the_image(docker: DockerClient) -> None:
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (["ray", "start", "--head"],
+         "'ray' on PATH; use an image with Ray, or set 'backend: native' in the config"),
+        (["vllm", "serve", "/m"], "'vllm' on PATH; set 'image' in the config to an image with vLLM"),
+    ],
+)  # fmt: skip
+def test_wrapper_without_a_tool_fails_fast_naming_the_image(
+    docker: DockerClient, command: list[str], missing: str
+) -> None:
     tag = build_wrapper(docker, images.debian_base(docker), "vllm-compose-test/wrapper:noray")
-    result = run(docker, tag, "ray", "start", "--head")
+    result = run(docker, tag, *command)
     assert result.returncode == 127
-    assert result.stderr.strip().splitlines() == [
-        f"vllm-compose: {images.DEBIAN} has no 'ray' on PATH;"
-        " use an image with Ray, or set 'backend: native' in the config"
-    ]
-
-
-def test_wrapper_without_vllm_names_the_image(docker: DockerClient) -> None:
-    tag = build_wrapper(docker, images.debian_base(docker), "vllm-compose-test/wrapper:noray")
-    result = run(docker, tag, "vllm", "serve", "/m")
-    assert result.returncode == 127
-    assert result.stderr.strip().splitlines() == [
-        f"vllm-compose: {images.DEBIAN} has no 'vllm' on PATH;"
-        " set 'image' in the config to an image with vLLM"
-    ]
+    assert result.stderr.strip().splitlines() == [f"vllm-compose: {images.DEBIAN} has no {missing}"]
 
 
 def test_wrapper_over_ray_runs_ray_and_carries_labels(docker: DockerClient) -> None:

@@ -20,9 +20,7 @@ pytestmark = pytest.mark.testbed
 @pytest.fixture
 def pair(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
     yield testbed, tmp_path
-    for config in tmp_path.glob("*.yaml"):
-        cli("down", config, cwd=tmp_path)
-    testbed.remove_containers()
+    clusters.clean(testbed, tmp_path)
     clusters.place_standin_model(testbed)
 
 

@@ -25,9 +25,7 @@ NOT_A_HANG = 90  # seconds
 @pytest.fixture
 def bed(testbed: Testbed, tmp_path: Path) -> Iterator[Testbed]:
     yield testbed
-    for config in tmp_path.glob("*.yaml"):
-        cli("down", config, cwd=tmp_path)
-    testbed.remove_containers()
+    clusters.clean(testbed, tmp_path)
 
 
 def preflight(config: Path) -> tuple[int, list[dict], float]:
@@ -232,17 +230,6 @@ def test_the_memory_monitor_turned_back_on(bed, tmp_path) -> None:
 
 
 def test_the_api_port_taken_on_the_head(bed, tmp_path) -> None:
-    head = bed.nodes[0]
-    listener = head.docker.run(
-        images.STANDIN,
-        ["python3", "-m", "http.server", "30000", "--bind", head.ip],
-        detach=True,
-        networks=["host"],
-        remove=True,
-        name="pre-squatter",
-    )
-    try:
+    with bed.listening(bed.nodes[0], 30000, images.STANDIN):
         found = failures(preflight(write(tmp_path, bed))[1])
-    finally:
-        listener.remove(force=True)
     assert found == ["api-port spark1: port 30000 on 192.168.200.12 is already in use"]

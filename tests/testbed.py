@@ -302,6 +302,21 @@ class Testbed:
                 text = text[:start] + text[end:]
             config.write_text(text)
 
+    @contextlib.contextmanager
+    def listening(self, node: Node, port: int, image: str) -> Iterator[None]:
+        """Something else listening on the node's IP:port for the block (`image` needs python3)."""
+        squatter = node.docker.run(
+            image,
+            ["python3", "-m", "http.server", str(port), "--bind", node.ip],
+            detach=True,
+            networks=["host"],
+            remove=True,
+        )
+        try:
+            yield
+        finally:
+            squatter.remove(force=True)
+
     def shm_size(self, node: Node, size: str) -> None:
         """Resize the node's own /dev/shm (in its engine's mount namespace), e.g. "64m"."""
         pid = Path(node.pidfile).read_text().strip()
