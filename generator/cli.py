@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from generator import (
     units,
 )
 from generator import preflight as preflight_checks
+from generator import watch as watching
 from generator.errors import DockerError, VllmComposeError
 
 app = typer.Typer(
@@ -39,8 +41,27 @@ UpdateLockOpt = Annotated[
     bool, typer.Option("--update-lock", help="Re-lock from the head first, accepting drift.")
 ]
 OutdirOpt = Annotated[
-    Path | None, typer.Option("-o", "--output", help="Compose folders [default: compose/NAME].")
+    Path | None, typer.Option("-o", "--output", help="Compose folders \\[default: compose/NAME].")
 ]
+
+
+IntervalOpt = Annotated[float, typer.Option(min=1, help="watch: seconds between checks.")]
+DeadlineOpt = Annotated[
+    float, typer.Option(min=1, help="watch: seconds the canary completion may take.")
+]
+FailuresOpt = Annotated[
+    int, typer.Option(min=1, help="watch: failed checks in a row before a recovery.")
+]
+RecoveriesOpt = Annotated[
+    int,
+    typer.Option(
+        min=0, help="watch: recoveries in a row before taking the group down and stopping."
+    ),
+]
+BackoffOpt = Annotated[
+    float, typer.Option(min=0, help="watch: seconds before the first recovery; doubles up to 300.")
+]
+DEFAULT = watching.Policy()
 
 
 def _load(path: Path) -> config.Cluster:
@@ -162,24 +183,93 @@ def up(
     outdir: OutdirOpt = None,
     join_timeout: Annotated[int, typer.Option(help="Seconds for the workers to join Ray.")] = 300,
     serve_timeout: Annotated[
-        int | None, typer.Option(help="Seconds for serve's gate [default: vllm.startup_timeout].")
+        int | None, typer.Option(help="Seconds for serve's gate \\[default: vllm.startup_timeout].")
     ] = None,
     skip_preflight: Annotated[
         bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")
     ] = False,
     update_lock: UpdateLockOpt = False,
+    keep_on_failure: Annotated[
+        bool,
+        typer.Option("--keep-on-failure", help="Leave a group that failed to start as it is."),
+    ] = False,
+    and_watch: Annotated[
+        bool, typer.Option("--watch", help="Once ready, keep it serving as `watch` does.")
+    ] = False,
+    interval: IntervalOpt = DEFAULT.interval,
+    deadline: DeadlineOpt = DEFAULT.deadline,
+    failures: FailuresOpt = DEFAULT.failures,
+    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
+    backoff: BackoffOpt = DEFAULT.backoff,
 ) -> None:
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
-    serve. With a lock beside the config, the locked image and model or an error."""
+    serve. A start phase that fails takes the group down again. With a lock beside the config,
+    the locked image and model or an error."""
     deployment = _with_secrets(
         _deployment(path, outdir, strict=True, update_lock=update_lock), path
     )
     timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
-    result = deployment.up(timeouts, checks=not skip_preflight)
+    result = deployment.up(timeouts, checks=not skip_preflight, keep_on_failure=keep_on_failure)
     for node, what in result.images.items():
         out.print(f"image on {node}: {what}")
     out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
-    out.print(f"ready: {result.endpoint}")
+    out.print(f"ready: {result.endpoint}", markup=False)
+    if and_watch:
+        policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
+        _watch(deployment, policy, timeouts)
+
+
+@app.command()
+def watch(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    interval: IntervalOpt = DEFAULT.interval,
+    deadline: DeadlineOpt = DEFAULT.deadline,
+    failures: FailuresOpt = DEFAULT.failures,
+    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
+    backoff: BackoffOpt = DEFAULT.backoff,
+) -> None:
+    """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
+    nodes and a real completion; on failure recreate the whole group in order, with back-off;
+    after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
+    deployment = _with_secrets(_deployment(path, outdir, strict=True), path)
+    policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
+    _watch(deployment, policy, deploy.Timeouts())
+
+
+def _watch(
+    deployment: deploy.Deployment, policy: watching.Policy, timeouts: deploy.Timeouts
+) -> None:
+    def report(line: str) -> None:
+        err.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False)
+
+    deployment.report = _progress
+    group = _Recreating(deployment, timeouts)
+    report(
+        f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"
+        f" Ctrl-C stops watching and leaves the group as it is"
+    )
+    try:
+        watching.watch(group, policy, report)
+    except KeyboardInterrupt:
+        report("watch: stopped; the group is left as it is")
+        raise typer.Exit(130) from None
+
+
+class _Recreating:
+    """The deployment as watch sees it: recreate with the command's timeouts."""
+
+    def __init__(self, deployment: deploy.Deployment, timeouts: deploy.Timeouts) -> None:
+        self.deployment, self.timeouts = deployment, timeouts
+
+    def problems(self, deadline: float) -> list[str]:
+        return self.deployment.problems(deadline)
+
+    def recreate(self) -> object:
+        return self.deployment.recreate(self.timeouts)
+
+    def down(self) -> dict[str, str]:
+        return self.deployment.down()
 
 
 @app.command("secrets")

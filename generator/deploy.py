@@ -23,8 +23,14 @@ from python_on_whales import DockerClient, DockerException
 
 from generator import diagnose, images, lock, preflight, secrets, sync
 from generator.config import Cluster, Node
-from generator.errors import DockerError, DriftError, PhaseError, PreflightError
-from generator.fanout import Report, last_line, parallel
+from generator.errors import (
+    DockerError,
+    DriftError,
+    PhaseError,
+    PreflightError,
+    VllmComposeError,
+)
+from generator.fanout import Report, last_line, parallel, settle
 from generator.render import node_stacks, wrapper_tag
 from generator.stack import model_mount
 
@@ -32,6 +38,8 @@ LOG_TAIL = 20
 PROBE_EVERY = 15  # seconds between readiness probes until the log says the server started
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
+DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
+STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,11 @@ class Deployment:
 
     # up
 
-    def up(self, timeouts: Timeouts = Timeouts(), checks: bool = True) -> Result:
+    def up(
+        self, timeouts: Timeouts = Timeouts(), checks: bool = True, keep_on_failure: bool = False
+    ) -> Result:
+        """A start phase that fails takes the whole group down again (a half-started group
+        serves nothing and holds ports), unless `keep_on_failure`; the error names the cause."""
         result = Result()
         c = self.cluster
         self._phase(result, "contexts", lambda: self._contexts_answer(timeouts.contexts))
@@ -92,6 +104,19 @@ class Deployment:
         self._phase(result, "secrets", self.push_secrets)
         if checks:
             self._phase(result, "preflight", self._preflight_passes)
+        try:
+            self._start(result, timeouts)
+        except VllmComposeError:
+            if not keep_on_failure:
+                self.report("rolling back: taking the group down on every node")
+                for node, outcome in self.down().items():
+                    self.report(f"rolled back on {node}: {outcome}")
+            raise
+        result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
+        return result
+
+    def _start(self, result: Result, timeouts: Timeouts) -> None:
+        c = self.cluster
         if c.backend == "ray":
             self._phase(result, "ray-head", lambda: self._ray_head(timeouts.ray_head))
             self._phase(result, "ray-workers", lambda: self._workers_up(timeouts.join))
@@ -99,8 +124,6 @@ class Deployment:
             self._phase(result, "ranks", lambda: self._workers_up(None))
         serve_timeout = timeouts.serve or c.vllm.startup_timeout
         self._phase(result, "serve", lambda: self._serve_up(serve_timeout))
-        result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
-        return result
 
     def _phase(self, result: Result, name: str, fn: Callable[[], object]) -> None:
         self.report(f"{name} ...")
@@ -450,23 +473,84 @@ class Deployment:
 
     # down
 
-    def down(self) -> dict[str, str]:
-        """Every node in parallel; node -> 'removed' or the reason it could not be cleaned."""
-        outcome: dict[str, str] = {}
+    def down(self, nodes: list[Node] | None = None) -> dict[str, str]:
+        """Every node (or those given) in parallel; node -> 'removed' or why it is not clean."""
 
-        def one(node: Node) -> None:
-            try:
-                self.docker[node.name].compose.down(remove_orphans=True, volumes=True, quiet=True)
-                outcome[node.name] = "removed"
-            except DockerException as e:
-                outcome[node.name] = f"failed: {last_line(e.stderr)}"
+        def one(node: Node) -> Callable[[], None]:
+            return lambda: self.docker[node.name].compose.down(
+                remove_orphans=True, volumes=True, quiet=True
+            )
 
-        threads = [threading.Thread(target=one, args=(n,)) for n in self.cluster.nodes]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return {n.name: outcome[n.name] for n in self.cluster.nodes}
+        chosen = self.cluster.nodes if nodes is None else nodes
+        outcome = settle({n.name: one(n) for n in chosen}, DOWN_TIMEOUT)
+        return {name: _outcome(found) for name, found in outcome.items()}
+
+    # watch
+
+    def problems(self, deadline: float) -> list[str]:
+        """What is wrong with the running group, one line each; none when it serves: every
+        service of every node running, every node alive in Ray at its IP, and a real completion
+        back from serve within `deadline` seconds."""
+
+        def states(node: Node) -> Callable[[], dict[str, Any]]:
+            def run() -> dict[str, Any]:
+                found = self.docker[node.name].compose.ps(all=True)
+                return {c.config.labels["com.docker.compose.service"]: c.state for c in found}
+
+            return run
+
+        seen = settle({n.name: states(n) for n in self.cluster.nodes}, STATE_TIMEOUT)
+        found: list[str] = []
+        for node in self.cluster.nodes:
+            state = seen[node.name]
+            if isinstance(state, BaseException):
+                found.append(f"{node.name}: engine does not answer: {_reason(state)}")
+                continue
+            for service in self.stacks[node.name].services:
+                if service.name not in state:
+                    found.append(f"{node.name}: {service.name} is not there")
+                elif not state[service.name].running:
+                    s = state[service.name]
+                    found.append(f"{node.name}: {service.name} {s.status} (exit {s.exit_code})")
+        if found:
+            return found
+        if self.cluster.backend == "ray":
+            alive = self._ray_nodes()
+            if alive is None:
+                return [f"{self.cluster.head.name}: Ray's GCS does not answer"]
+            found += [
+                f"{n.name}: not alive in Ray at {n.ip}"
+                for n in self.cluster.nodes
+                if str(n.ip) not in alive
+            ]
+        return found + self._canary(deadline)
+
+    def _canary(self, deadline: float) -> list[str]:
+        """One real completion inside serve, as its healthcheck sends, within `deadline`."""
+        head = self.cluster.head
+        probe = [*self._probe(head, "serve"), "--timeout", f"{deadline:g}"]
+        run = lambda: self.docker[head.name].compose.execute("serve", probe, tty=False)  # noqa: E731
+        outcome = settle({head.name: run}, deadline + STATE_TIMEOUT)[head.name]
+        if isinstance(outcome, BaseException):
+            return [
+                f"{head.name}: canary: {_reason(outcome).removeprefix('vllm-compose-health: ')}"
+            ]
+        return []
+
+    def recreate(self, timeouts: Timeouts = Timeouts()) -> Result:
+        """The whole group again: serve, then the workers, then the head down; then up as `up`
+        does (head, workers, serve), preflight included."""
+        head = self.cluster.head
+        self.report("recreate: taking serve, then the workers, then the head down")
+        rm = lambda: self.docker[head.name].compose.rm(["serve"], stop=True, volumes=True)  # noqa: E731
+        serve = settle({head.name: rm}, DOWN_TIMEOUT)[head.name]
+        if isinstance(serve, BaseException):
+            self.report(f"recreate: {head.name}: serve not removed: {_reason(serve)}")
+        for step in (self.cluster.workers, [head]):
+            for node, what in self.down(step).items():
+                if what != "removed":
+                    self.report(f"recreate: {node}: {what}")
+        return self.up(timeouts)
 
     # status and logs
 
@@ -528,3 +612,13 @@ class Deployment:
                 done += 1
             else:
                 yield line
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, DockerException):
+        return last_line(error.stderr)
+    return getattr(error, "message", None) or str(error) or type(error).__name__
+
+
+def _outcome(found: object) -> str:
+    return f"failed: {_reason(found)}" if isinstance(found, BaseException) else "removed"

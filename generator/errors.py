@@ -7,7 +7,8 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 │   └── PhaseError          a bring-up phase failed or timed out on a node
 └── ListedError             a headline and one line per finding
     ├── PreflightError      preflight checks failed
-    └── DriftError          the cluster no longer matches its lock
+    ├── DriftError          the cluster no longer matches its lock
+    └── WatchGaveUp         watch stopped recovering a group; what taking it down did per node
 """
 
 from __future__ import annotations
@@ -90,4 +91,13 @@ class DriftError(ListedError):
             f"{lock.name}: the cluster no longer matches its lock:",
             what,
             "make it match again, or accept the change with --update-lock",
+        )
+
+
+class WatchGaveUp(ListedError):
+    def __init__(self, recoveries: int, problem: str, down: dict[str, str]) -> None:
+        super().__init__(
+            f"watch: gave up after {recoveries} recoveries in a row; last problem: {problem}",
+            [f"{node}: {outcome}" for node, outcome in down.items()],
+            "fix the cause, then start the group again: vllm-compose up CONFIG --watch",
         )

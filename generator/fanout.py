@@ -1,5 +1,5 @@
-"""Run one piece of work per node at once, with progress, and turn the first failure into a
-PhaseError that names the node."""
+"""Run one piece of work per node at once: `parallel` with progress, turning the first failure into
+a PhaseError that names the node; `settle` waiting for every node and handing back each outcome."""
 
 from __future__ import annotations
 
@@ -50,6 +50,27 @@ def parallel(
         threads[pending[0]].join(timeout=min(5.0, timeout - elapsed + 0.1))
         if threads[pending[0]].is_alive():
             report(f"{phase}: waiting for {', '.join(pending)} ({time.monotonic() - start:.0f} s)")
+
+
+def settle(work: dict[str, Callable[[], T]], timeout: float) -> dict[str, T | BaseException]:
+    """Run one callable per node at once and wait for every one, at most `timeout` seconds:
+    node -> its result, or its error (TimeoutError for one still running at the deadline)."""
+    results: dict[str, T | BaseException] = {}
+
+    def run(name: str, fn: Callable[[], T]) -> None:
+        try:
+            results[name] = fn()
+        except Exception as e:  # handed back to the caller
+            results[name] = e
+
+    threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads.values():
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    late = TimeoutError(f"no answer in {timeout:g} s")
+    return {n: results.get(n, late) for n in work}
 
 
 def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseError:

@@ -1,0 +1,109 @@
+"""watch's policy alone: when it recovers, how long it backs off, when it gives up. The group is a
+FAKE that replays a script of check results; time is a fake clock that sleeping advances."""
+
+from __future__ import annotations
+
+import pytest
+
+from generator.errors import PhaseError, WatchGaveUp
+from generator.watch import Policy, watch
+
+
+class Done(Exception):
+    """The script ran out: the test has seen what it wanted."""
+
+
+class FakeGroup:
+    def __init__(self, checks: list[list[str]], recreate_fails: int = 0) -> None:
+        self.checks = list(checks)
+        self.recreate_fails = recreate_fails
+        self.calls: list[str] = []
+
+    def problems(self, deadline: float) -> list[str]:
+        if not self.checks:
+            raise Done
+        self.calls.append("check")
+        return self.checks.pop(0)
+
+    def recreate(self) -> None:
+        self.calls.append("recreate")
+        if self.recreate_fails:
+            self.recreate_fails -= 1
+            raise PhaseError("spark2", "contexts", "context 'spark2' does not answer")
+
+    def down(self) -> dict[str, str]:
+        self.calls.append("down")
+        return {"spark1": "removed", "spark2": "failed: cannot connect"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def run(group: FakeGroup, policy: Policy) -> tuple[Clock, list[str], BaseException]:
+    clock, lines = Clock(), []
+    with pytest.raises((Done, WatchGaveUp)) as raised:
+        watch(group, policy, lines.append, clock=clock, sleep=clock.sleep)
+    return clock, lines, raised.value
+
+
+BAD = ["spark2: serve exited (exit 137)"]
+POLICY = Policy(interval=5, failures=2, max_recoveries=3, backoff=10, backoff_max=25, stable=60)
+
+
+def test_a_single_failed_check_is_not_enough() -> None:
+    group = FakeGroup([[], BAD, [], []])
+    run(group, POLICY)
+    assert "recreate" not in group.calls
+
+
+def test_failures_in_a_row_recreate_the_group_after_the_first_back_off() -> None:
+    group = FakeGroup([[], BAD, BAD, []])
+    clock, lines, _ = run(group, POLICY)
+    assert group.calls == ["check", "check", "check", "recreate", "check"]
+    assert clock.sleeps == [5, 5, 10, 5, 5]
+    assert any("recovery 1/3 in 10 s: recreating the whole group (spark2: serve" in x for x in lines)
+    assert "watch: recovery 1 done: serving again" in lines
+
+
+def test_back_off_doubles_up_to_its_cap_then_watch_takes_the_group_down_and_says_so() -> None:
+    group = FakeGroup([BAD] * 10, recreate_fails=10)
+    clock, lines, error = run(group, POLICY)
+    assert group.calls.count("recreate") == 3
+    assert group.calls[-1] == "down"
+    backoffs = [s for s in clock.sleeps if s != POLICY.interval]
+    assert backoffs == [10, 20, 25]
+    assert isinstance(error, WatchGaveUp)
+    assert error.lines() == [
+        "watch: gave up after 3 recoveries in a row; last problem: spark2: serve exited (exit 137)",
+        "  spark1: removed",
+        "  spark2: failed: cannot connect",
+        "hint: fix the cause, then start the group again: vllm-compose up CONFIG --watch",
+    ]
+    assert sum("recovery" in x and "failed: node 'spark2'" in x for x in lines) == 3
+
+
+def test_recoveries_that_each_hold_briefly_still_reach_the_cap() -> None:
+    group = FakeGroup([BAD, BAD, [], BAD, BAD, [], BAD, BAD, [], BAD, BAD])
+    _, _, error = run(group, POLICY)
+    assert isinstance(error, WatchGaveUp)
+    assert group.calls.count("recreate") == 3
+
+
+def test_a_long_healthy_stretch_starts_the_count_again() -> None:
+    healthy_a_while = [[]] * 13  # 13 checks 5 s apart: longer than `stable`
+    script = [BAD, BAD, *healthy_a_while] * 4
+    group = FakeGroup(script)
+    _, lines, error = run(group, POLICY)
+    assert isinstance(error, Done)
+    assert group.calls.count("recreate") == 4
+    assert lines.count("watch: healthy for 60 s; the recovery count starts again") == 4
