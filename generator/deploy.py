@@ -500,11 +500,15 @@ class Deployment:
             return run
 
         seen = settle({n.name: states(n) for n in self.cluster.nodes}, STATE_TIMEOUT)
-        found: list[str] = []
+        # An engine that does not answer first: it explains what is missing elsewhere.
+        found = [
+            f"{name}: engine does not answer: {_reason(state)}"
+            for name, state in seen.items()
+            if isinstance(state, BaseException)
+        ]
         for node in self.cluster.nodes:
             state = seen[node.name]
             if isinstance(state, BaseException):
-                found.append(f"{node.name}: engine does not answer: {_reason(state)}")
                 continue
             for service in self.stacks[node.name].services:
                 if service.name not in state:

@@ -3,8 +3,12 @@ runs it, and the containers a project left on a node."""
 
 from __future__ import annotations
 
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from python_on_whales import Container, DockerClient
@@ -69,6 +73,64 @@ def cli(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.Comple
         check=False,
         timeout=timeout,
     )
+
+
+class Background:
+    """The CLI running on its own (`up --watch`, `watch`, a slow `up`), its stderr and stdout
+    lines read as they come."""
+
+    def __init__(self, *args: str | Path, cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "generator", *map(str, args)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                self._new.put(self.lines[-1])
+        self._new.put(None)
+
+    def wait_for(self, text: str, seconds: float) -> str:
+        """The next line holding `text`; fails with the output so far after `seconds`, or when
+        the command ends first."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._new.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"ended ({self.proc.wait()}) before {text!r}:\n{self.output}")
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} in {seconds:g} s:\n{self.output}")
+
+    def wait(self, seconds: float) -> int:
+        return self.proc.wait(timeout=seconds)
+
+    def interrupt(self, seconds: float = 60) -> int:
+        """Ctrl-C, as a user stops it; killed if it has not ended after `seconds`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
 
 
 def clean(bed: Testbed, folder: Path) -> None:

@@ -73,6 +73,45 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
 
 
+def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair) -> None:
+    """The field failure: a dead worker leaves the head up and serving nothing. `up --watch`
+    names it, recreates the whole group in order and serving comes back."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "watched", "native")
+    watcher = clusters.Background(
+        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30", cwd=tmp
+    )
+    try:
+        watcher.wait_for("ready: http://192.168.200.12:30000/v1", 900)
+        watcher.wait_for("watch: ok", 120)
+        before = {n.name: clusters.containers(n, "watched")["serve"].id for n in (head, worker)}
+        worker.docker.container.kill(before[worker.name])
+        failed = watcher.wait_for("watch: check failed (1/2)", 60)
+        assert "spark2: serve exited (exit 137)" in failed
+        watcher.wait_for("recreating the whole group", 60)
+        watcher.wait_for("watch: recovery 1 done: serving again", 900)
+        watcher.wait_for("watch: ok", 120)
+        after = {n.name: clusters.containers(n, "watched")["serve"].id for n in (head, worker)}
+        assert set(after.values()).isdisjoint(before.values())  # the whole group, not one rank
+        answer = chat(worker, clusters.api_key(path))
+        assert answer["choices"][0]["message"]["content"]
+    finally:
+        stopped = watcher.interrupt()
+    assert stopped == 130, watcher.output
+    assert watcher.lines[-1].endswith("watch: stopped; the group is left as it is")
+    assert clusters.containers(head, "watched")["serve"].state.running  # left as it is
+
+
+def chat(node: Node, key: str) -> dict:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    auth = f"Authorization: Bearer {key}"
+    out = node.nsexec("curl", "-sf", "-m", "60", url, "-H", auth, "-H",
+                      "Content-Type: application/json", "-d", json.dumps(request))  # fmt: skip
+    return json.loads(out.stdout)
+
+
 def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -> list[str]:
     """Every place the secret must never be, that holds it: the files written beside the config
     (but the key file itself), `docker inspect` and the logs of the project's containers, and the
@@ -105,7 +144,7 @@ def test_ray_backend_forms_the_real_cluster_then_names_why_vllm_cpu_stops(pair) 
     bed, tmp = pair
     head = bed.nodes[0]
     path = config(tmp, bed, "viaray", "ray")
-    up = cli("up", path, "--serve-timeout", "300", cwd=tmp)
+    up = cli("up", path, "--serve-timeout", "300", "--keep-on-failure", cwd=tmp)
     assert up.returncode == 1
     assert (
         "node 'spark1': phase 'serve' failed: serve stopped: "

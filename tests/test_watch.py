@@ -71,7 +71,9 @@ def test_failures_in_a_row_recreate_the_group_after_the_first_back_off() -> None
     clock, lines, _ = run(group, POLICY)
     assert group.calls == ["check", "check", "check", "recreate", "check"]
     assert clock.sleeps == [5, 5, 10, 5, 5]
-    assert any("recovery 1/3 in 10 s: recreating the whole group (spark2: serve" in x for x in lines)
+    assert any(
+        "recovery 1/3 in 10 s: recreating the whole group (spark2: serve" in x for x in lines
+    )
     assert "watch: recovery 1 done: serving again" in lines
 
 

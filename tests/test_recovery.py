@@ -1,0 +1,106 @@
+"""Faults on the testbed while a group starts or serves: an engine that stops under `watch`, a link
+cut during `up`, engines that restart under a running group. The serve process is the Ray
+STAND-IN (tests/standin_vllm.py); the Ray cluster, engines, Compose and links are real.
+(A killed worker under real vLLM is in test_e2e.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import clusters, images
+from tests.clusters import Background, cli, containers
+from tests.testbed import Node, Testbed
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture
+def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield testbed, tmp_path
+    clusters.clean(testbed, tmp_path)
+
+
+def write_config(path: Path, name: str, nodes: list[Node]) -> Path:
+    return clusters.write_config(path, name, nodes, images.STANDIN)
+
+
+def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_clean(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "enginestop", [head, worker])
+    watch = ["--interval", "2", "--backoff", "1", "--max-recoveries", "2"]
+    watcher = Background("up", config, "--watch", *watch, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 300)
+        bed.stop_engine(worker)
+        code = watcher.wait(600)
+    finally:
+        watcher.interrupt()
+        bed.start_engine(worker)
+    assert code == 1, watcher.output
+    failed = [line for line in watcher.lines if "watch: recovery" in line and "failed" in line]
+    assert len(failed) == 2, watcher.output
+    assert all("node 'spark2'" in line and "does not answer" in line for line in failed)
+    headline = "watch: gave up after 2 recoveries in a row; last problem: spark2: engine does not"
+    gave_up = next(i for i, line in enumerate(watcher.lines) if line.startswith(headline))
+    assert watcher.lines[gave_up + 1] == "  spark1: removed"
+    assert watcher.lines[gave_up + 2].startswith("  spark2: failed: ")
+    assert clusters.leftovers(head, "enginestop") == []
+
+
+def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack) -> None:
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "linkcut", [head, worker])
+    upping = Background("up", config, "--join-timeout", "30", cwd=tmp)
+    try:
+        upping.wait_for("ray-head ...", 120)  # preflight passed: the link was up until now
+        bed.link_down(worker)
+        code = upping.wait(300)
+    finally:
+        upping.interrupt()
+        bed.link_up(worker)
+    assert code == 1, upping.output
+    assert "node 'spark2': phase 'ray-workers' failed" in upping.output
+    assert "192.168.200.12:6379" in upping.output  # what it could not reach
+    assert "rolled back on spark1: removed" in upping.output
+    assert "rolled back on spark2: removed" in upping.output
+    assert clusters.leftovers(head, "linkcut") == []
+    assert clusters.leftovers(worker, "linkcut") == []
+
+
+def test_up_after_engines_restart_with_their_containers_changes_nothing(stack) -> None:
+    bed, tmp = stack
+    nodes = bed.nodes[:2]
+    for node in nodes:  # engines that keep their containers across a restart
+        bed.stop_engine(node)
+        bed.start_engine(node, live_restore=True)
+    try:
+        config = write_config(tmp / "c.yaml", "restored", nodes)
+        assert cli("up", config, cwd=tmp).returncode == 0
+        before = {n.name: started(n) for n in nodes}
+        for node in nodes:
+            bed.stop_engine(node)
+            bed.start_engine(node, live_restore=True)
+        assert {n.name: started(n) for n in nodes} == before  # restored, running, not restarted
+        again = cli("up", config, cwd=tmp)
+        assert again.returncode == 0, again.stderr
+        assert "ready: http://192.168.200.12:30000/v1" in again.stdout
+        assert {n.name: started(n) for n in nodes} == before
+    finally:
+        clusters.clean(bed, tmp)
+        for node in nodes:
+            bed.stop_engine(node)
+            bed.start_engine(node)
+
+
+def started(node: Node) -> dict[str, tuple[str, str]]:
+    """service -> (container ID, when it started), for running containers only."""
+    return {
+        service: (c.id, str(c.state.started_at))
+        for service, c in containers(node, "restored").items()
+        if c.state.running
+    }
