@@ -129,10 +129,16 @@ def _pinned(
 
 def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deployment:
     found = secrets.local(path, deployment.cluster)
-    if found.generated:
+    if "api_key" in found.generated:
         err.print(
-            f"api key: generated {found.generated} (mode 0600); clients send it as"
+            f"api key: generated {found.generated['api_key']} (mode 0600); clients send it as"
             " 'Authorization: Bearer <key>'",
+            markup=False,
+        )
+    if "ray_token" in found.generated:
+        err.print(
+            f"ray token: generated {found.generated['ray_token']} (mode 0600); Ray's nodes"
+            " authenticate with it",
             markup=False,
         )
     deployment.secret_files = found.files

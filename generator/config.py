@@ -36,10 +36,12 @@ ABS_PATH = r"^/[^\x00-\x1f:]*$"
 PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 SECRET_ENV = {
     "VLLM_API_KEY": "api_key_file",
+    "RAY_AUTH_TOKEN": "ray_token_file",
     "HF_TOKEN": "hf_token_file",
     "HUGGING_FACE_HUB_TOKEN": "hf_token_file",
 }
 MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
+RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {
     "--tensor-parallel-size": "tensor_parallel_size",
@@ -164,6 +166,11 @@ class Ray(Strict):
         default=None, ge=78643200, description="Bytes for Ray's object store (default: profile's)."
     )
     dashboard: bool = Field(default=False, description="Run Ray's dashboard (off: no open port).")
+    token_auth: bool = Field(
+        default=True,
+        description="Ray's token authentication (Ray 2.52+): its ports listen on every address "
+        "and accept only the cluster's token. Off only for older Ray, on a closed network.",
+    )
 
 
 SECRET_FILE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
@@ -180,6 +187,12 @@ class Secrets(Strict):
         default=None,
         pattern=SECRET_FILE,
         description="File beside the config holding a Hugging Face token (default: none).",
+    )
+    ray_token_file: str | None = Field(
+        default=None,
+        pattern=SECRET_FILE,
+        description="File beside the config holding the token Ray's nodes authenticate with "
+        "(backend ray; default: CONFIG-STEM.ray-token, generated with mode 0600 when missing).",
     )
 
 
@@ -314,6 +327,11 @@ def _override_problems(c: Cluster) -> list[str]:
         for key, field in SECRET_ENV.items()
         if key in c.env
     ]
+    problems += [
+        f"env.{key}: set by vllm-compose from ray.token_auth; set that instead"
+        for key in RAY_AUTH_ENV
+        if key in c.env
+    ]
     for i, arg in enumerate(c.vllm.args):
         if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
             problems.append(
@@ -335,6 +353,11 @@ def warnings(c: Cluster) -> list[str]:
         found.append(
             f"env.{MEMORY_MONITOR}: overriding the default 0 re-enables Ray's memory monitor,"
             " which kills workers during weight loading on unified-memory GPUs"
+        )
+    if c.backend == "ray" and not c.ray.token_auth:
+        found.append(
+            "ray.token_auth: off; Ray's GCS and node ports listen on every address of every node"
+            " and run whatever anyone who reaches them sends"
         )
     if "--trust-remote-code" in c.vllm.args:
         found.append("vllm.args: --trust-remote-code runs code from the model repository")

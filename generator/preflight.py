@@ -27,6 +27,7 @@ Facts = dict[str, Any]
 SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
 REACH_SECONDS = 6  # how long each node keeps trying to reach its peers
 RUN_TIMEOUT = 60  # a facts container that has not answered by then is a failure
+TOKEN_AUTH_SINCE = (2, 52)  # the first Ray with RAY_AUTH_MODE=token
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,21 @@ def _ray(c: Cluster, node: Node, f: Facts) -> Check:
     if not f["ray_on_path"]:
         cause = f"{c.image} has no 'ray' on PATH"
         return failed("ray", node.name, cause, "use an image with Ray, or set 'backend: native'")
-    return passed("ray", node.name, f"ray {f['versions']['ray']} in the image")
+    found = f["versions"]["ray"]
+    if c.ray.token_auth and _release(found) < TOKEN_AUTH_SINCE:
+        cause = f"ray {found} has no token authentication (2.52+): its ports would be open"
+        hint = "an image with Ray 2.52 or later, or ray.token_auth: false on a closed network"
+        return failed("ray", node.name, cause, hint)
+    return passed("ray", node.name, f"ray {found} in the image")
+
+
+def _release(version: str | None) -> tuple[int, int]:
+    """(major, minor) of a version string; (0, 0) when there is none to read."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
 
 
 def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:

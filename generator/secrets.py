@@ -17,35 +17,39 @@ from python_on_whales import DockerClient
 
 from generator.config import Cluster
 from generator.errors import DockerError, VllmComposeError
-from generator.stack import SECRETS_DIR, secret_path
+from generator.render import node_stacks
+from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_path
 
 
 @dataclass(frozen=True)
 class Local:
     files: dict[str, Path]  # secret name -> file beside the config
-    generated: Path | None = None  # the API key file made just now, if any
+    generated: dict[str, Path]  # secret name -> its file, made just now
 
 
 def local(config: Path, cluster: Cluster) -> Local:
-    """The secret files beside the config. Without `secrets.api_key_file`, the key is
-    CONFIG-STEM.api-key, generated (mode 0600) when it does not exist yet."""
+    """The secret files beside the config. The API key (and Ray's token, with the Ray backend)
+    default to CONFIG-STEM.api-key (.ray-token), generated (mode 0600) when missing."""
     folder = config.resolve().parent
     files: dict[str, Path] = {}
-    generated = None
-    named = cluster.secrets.api_key_file
-    api_key = folder / (named or f"{config.stem}.api-key")
-    if not api_key.exists():
-        if named:
-            raise VllmComposeError(
-                f"secrets.api_key_file: {api_key} does not exist",
-                "write the key there (one line), or drop the setting to have one generated",
-            )
-        # O_EXCL: never overwrites; 0600 from the first byte.
-        fd = os.open(api_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(random_secrets.token_urlsafe(32) + "\n")
-        generated = api_key
-    files["api_key"] = api_key
+    generated: dict[str, Path] = {}
+    made = {"api_key": cluster.secrets.api_key_file}
+    if "ray_token" in node_stacks(cluster, "")[0].secrets:
+        made["ray_token"] = cluster.secrets.ray_token_file
+    for name, named in made.items():
+        path = folder / (named or f"{config.stem}.{SECRET_NAMES[name]}")
+        if not path.exists():
+            if named:
+                raise VllmComposeError(
+                    f"secrets.{name}_file: {path} does not exist",
+                    "write it there (one line), or drop the setting to have one generated",
+                )
+            # O_EXCL: never overwrites; 0600 from the first byte.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(random_secrets.token_urlsafe(32))  # no newline: read as is
+            generated[name] = path
+        files[name] = path
     if cluster.secrets.hf_token_file:
         token = folder / cluster.secrets.hf_token_file
         if not token.exists():

@@ -17,7 +17,7 @@ RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILU
 # Where each node keeps the cluster's secret files (written there by `up` over the context, from
 # the files beside the config); Compose mounts them at /run/secrets/<name> in the serve container.
 SECRETS_DIR = "/var/lib/vllm-compose"
-SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token"}
+SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-token"}
 
 
 def secret_path(cluster: str, name: str) -> str:
@@ -105,12 +105,20 @@ class NodeStack:
             # it must be off on every node, not only the head. The user may override it (warned).
             env[MEMORY_MONITOR] = "0"
             env["RAY_USAGE_STATS_ENABLED"] = "0"
+            if self.cluster.ray.token_auth:
+                # Ray binds its GCS and node ports to every address (2.58 was seen on *:6379
+                # despite --node-ip-address): only holders of the token get an answer. The
+                # entrypoint links the token's secret file where Ray looks by default.
+                env["RAY_AUTH_MODE"] = "token"
         return env | dict(self.cluster.env)
 
     @property
     def secrets(self) -> dict[str, str]:
-        """Secret name -> its file on the node. The API key always: serving is authenticated."""
-        names = ["api_key"] + (["hf_token"] if self.cluster.secrets.hf_token_file else [])
+        """Secret name -> its file on the node. The API key always: serving is authenticated;
+        Ray's token with the Ray backend."""
+        c = self.cluster
+        names = ["api_key"] + (["ray_token"] if c.backend == "ray" and c.ray.token_auth else [])
+        names += ["hf_token"] if c.secrets.hf_token_file else []
         return {name: secret_path(self.cluster.name, name) for name in names}
 
     @property
@@ -160,14 +168,26 @@ class NodeStack:
         everyone = ",".join(str(n.ip) for n in c.nodes)
         test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
         test += ["--expect", everyone, "--gpus", str(c.gpu_total)]
-        return Service("ray", cmd, Health(test, start_period=300), volumes=[f"ray-tmp:{RAY_TMP}"])
+        return Service(
+            "ray",
+            cmd,
+            Health(test, start_period=300),
+            volumes=[f"ray-tmp:{RAY_TMP}"],
+            secrets=self._ray_secrets,
+        )
 
     def _ray_worker(self) -> Service:
         cmd = [*self._ray_start(), "--address", self.gcs_address]
         test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
         test += ["--expect", str(self.node.ip)]
         env = {"VLLM_COMPOSE_WAIT_FOR": self.gcs_address}
-        return Service("ray", cmd, Health(test, start_period=300), environment=env)
+        return Service(
+            "ray", cmd, Health(test, start_period=300), environment=env, secrets=self._ray_secrets
+        )
+
+    @property
+    def _ray_secrets(self) -> list[str]:
+        return ["ray_token"] if "ray_token" in self.secrets else []
 
     def _serve(self) -> Service:
         cmd = [
@@ -183,7 +203,7 @@ class NodeStack:
             depends_on="ray",
             pid_of="ray",
             volumes=[f"ray-tmp:{RAY_TMP}"],
-            environment={"RAY_ADDRESS": self.gcs_address, **self._secret_env},
+            environment={"RAY_ADDRESS": self.gcs_address},
             secrets=list(self.secrets),
         )
 
@@ -193,24 +213,17 @@ class NodeStack:
         c = self.cluster
         cmd = [*self._vllm_serve(), "--nnodes", str(len(c.nodes)), "--node-rank", str(self._rank)]
         cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
-        env, secrets = self._secret_env, list(self.secrets)
+        secrets = list(self.secrets)
         if self.is_head:
             return Service(
                 "serve",
                 [*cmd, *c.vllm.args],
                 self._serve_health(),
-                environment=env,
                 secrets=secrets,
             )
         # A headless rank has no API to probe; the head's completion gate proves it works.
         cmd = [*cmd, "--headless", *c.vllm.args]
-        return Service("serve", cmd, None, environment=env, secrets=secrets)
-
-    @property
-    def _secret_env(self) -> dict[str, str]:
-        """Paths only, never contents: the entrypoint reads the API key from its file into
-        VLLM_API_KEY of the process it starts; huggingface_hub reads HF_TOKEN_PATH itself."""
-        return {"HF_TOKEN_PATH": "/run/secrets/hf_token"} if "hf_token" in self.secrets else {}
+        return Service("serve", cmd, None, secrets=secrets)
 
     @property
     def _rank(self) -> int:

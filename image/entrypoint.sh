@@ -27,4 +27,14 @@ if [ -r /run/secrets/api_key ]; then
     VLLM_API_KEY="$(cat /run/secrets/api_key)"
     export VLLM_API_KEY
 fi
+# Ray's token (backend ray) where Ray looks by default, so every process here finds it, those
+# started by `docker exec` (health checks) too, and no variable in the configured env names it.
+if [ -r /run/secrets/ray_token ]; then
+    mkdir -p "${HOME:-/root}/.ray"
+    ln -sf /run/secrets/ray_token "${HOME:-/root}/.ray/auth_token"
+fi
+if [ -r /run/secrets/hf_token ]; then
+    HF_TOKEN_PATH=/run/secrets/hf_token
+    export HF_TOKEN_PATH
+fi
 exec "$@"

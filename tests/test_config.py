@@ -77,6 +77,14 @@ def test_overriding_the_memory_monitor_is_allowed_with_a_warning() -> None:
     assert config.warnings(config.parse(BASE)) == []
 
 
+def test_ray_token_auth_turned_off_is_allowed_with_a_warning() -> None:
+    cluster = config.parse(BASE + "ray: {token_auth: false}")
+    assert config.warnings(cluster) == [
+        "ray.token_auth: off; Ray's GCS and node ports listen on every address of every node and"
+        " run whatever anyone who reaches them sends"
+    ]
+
+
 BROKEN = [
     ("name: [", ["line 1, column 8: expected the node content, but found '<stream end>'"]),
     ("- a\n- b\n", ["the file must hold a mapping (name: ..., nodes: ...)"]),

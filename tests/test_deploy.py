@@ -210,3 +210,63 @@ def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack) -> 
     assert result.stdout.splitlines()[:2] == ["spark1: removed", "spark2: removed"]
     assert result.stdout.splitlines()[2].startswith("spark3: failed: ")
     assert containers(head, "partial") == {} and containers(worker, "partial") == {}
+
+
+def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack) -> None:
+    """Ray 2.58 binds its GCS and node ports to every address, --node-ip-address or not. With an
+    "external" address on the head: no dashboard and no client port anywhere, only Ray's own
+    processes and the key-protected API on wildcard addresses, and the GCS on the external address
+    refuses a client without the cluster's token."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    bed.add_external_default_route(head)
+    try:
+        config = write_config(tmp / "c.yaml", "ports", [head, worker])
+        result = cli("up", config, cwd=tmp)
+        assert result.returncode == 0, result.stderr
+        assert "ray token: generated" in result.stderr
+        assert (tmp / "c.ray-token").stat().st_mode & 0o777 == 0o600
+        for node in (head, worker):
+            for address, port, process in listeners(node):
+                assert port not in (8265, 10001), f"{node.name}: {process} on {address}:{port}"
+                if address in (node.ip, "127.0.0.1"):
+                    continue
+                assert address in ("0.0.0.0", "*"), f"{node.name}: {process} on {address}:{port}"
+                ray_own = process in ("gcs_server", "raylet") or process.startswith("ray::")
+                driver = node is head and process == "vllm"  # the API (key) and Ray's core worker
+                assert ray_own or driver, f"{node.name}: {process} on {address}:{port}"
+        gcs = ["vllm-compose-health", "nodes", "--address", "198.51.100.2:6379"]
+        ray = containers(head, "ports")["ray"]
+        with_token = head.docker.container.execute(ray, gcs)
+        assert json.loads(str(with_token)) == {head.ip: 1, worker.ip: 1}
+        without = subprocess.run(
+            ["docker", "--context", head.context, "exec", "-e", "RAY_AUTH_MODE=disabled",
+             ray.id, *gcs],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert without.returncode == 1
+        assert "nauthenticated" in without.stderr or "uthentication" in without.stderr, without
+        token = (tmp / "c.ray-token").read_text()
+        for node in (head, worker):
+            for service, container in containers(node, "ports").items():
+                inspected = subprocess.run(
+                    ["docker", "--context", node.context, "inspect", container.id],
+                    capture_output=True, text=True, check=True,
+                ).stdout  # fmt: skip
+                assert token not in inspected, f"{node.name}/{service}: docker inspect"
+                assert token not in node.docker.container.logs(container), f"{service}: logs"
+                argv = str(node.docker.container.execute(container, ["ps", "-eo", "args"]))
+                assert token not in argv, f"{node.name}/{service}: a command line"
+    finally:
+        bed.remove_external_default_route(head)
+
+
+def listeners(node: Node) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every TCP socket listening in the node."""
+    found = []
+    for line in node.nsexec("ss", "-ltnpH").stdout.splitlines():
+        fields = line.split()
+        address, port = fields[3].rsplit(":", 1)
+        process = fields[5].split('"')[1] if len(fields) > 5 else "?"
+        found.append((address.strip("[]"), int(port), process))
+    return found

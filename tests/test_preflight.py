@@ -137,3 +137,16 @@ def test_a_node_without_facts_is_left_out_not_failed() -> None:
     found = healthy()
     del found["spark-2"]
     assert failures(found) == []
+
+
+def test_a_ray_without_token_authentication_fails_unless_it_is_turned_off() -> None:
+    found = healthy()
+    for facts in found.values():
+        facts["versions"] = facts["versions"] | {"ray": "2.49.1"}
+    assert failures(found) == [
+        f"ray {node}: ray 2.49.1 has no token authentication (2.52+): its ports would be open"
+        for node in ("spark-1", "spark-2")
+    ]
+    off = SAMPLE.model_copy(update={"ray": SAMPLE.ray.model_copy(update={"token_auth": False})})
+    checks = preflight.evaluate(off, found, {"spark-1": BASE, "spark-2": BASE})
+    assert [c for c in checks if c.status == "fail"] == []

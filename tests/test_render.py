@@ -180,7 +180,7 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
         ("spark-1", {"name", "x-vllm-compose", "services", "volumes", "secrets"}),
-        ("spark-2", {"name", "x-vllm-compose", "services"}),
+        ("spark-2", {"name", "x-vllm-compose", "services", "secrets"}),
     ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys
