@@ -3,7 +3,7 @@ PY ?= python3
 BASE_IMAGE ?= hellohal2064/vllm-qwen3.5-gb10:latest
 IMAGE ?= vllm-compose:dev
 
-.PHONY: setup compose image test lint demo demo-down up down testbed testbed-down
+.PHONY: setup compose image test lint demo demo-down up watch down testbed testbed-down
 
 setup:  ## install the engine, Compose v2 and Python deps; start dockerd
 	bash scripts/setup.sh
@@ -23,6 +23,9 @@ test: setup  ## set up, then run the whole suite on a real engine
 
 up:  ## render and start every node of $(CONFIG) over its Docker context
 	vllm-compose up $(CONFIG)
+
+watch:  ## keep $(CONFIG) serving: check it, recreate the whole group on failure, stop after the cap
+	vllm-compose watch $(CONFIG)
 
 down:  ## stop and remove the stack on every node of $(CONFIG)
 	vllm-compose down $(CONFIG)

@@ -249,7 +249,6 @@ def _watch(
     def report(line: str) -> None:
         err.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False)
 
-    deployment.report = _progress
     group = _Recreating(deployment, timeouts)
     report(
         f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"

@@ -2,8 +2,11 @@
 and the node-side work of `preflight`, `lock` and `sync-model`.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> preflight -> the head's Ray -> the workers' Ray (parallel) -> serve, ready at its first
-    real completion. Each phase has its own timeout and is timed.
+    -> secrets -> preflight -> the head's Ray -> the workers' Ray (parallel) -> serve, ready at
+    its first real completion. Each phase has its own timeout and is timed; a start phase that
+    fails takes the group down again.
+watch (generator/watch.py decides when): `problems` checks the running group, `recreate` takes
+    it down in order and runs `up` again.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ PROBE_EVERY = 15  # seconds between readiness probes until the log says the serv
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
+SERVICE = "com.docker.compose.service"  # the label naming a container's service
+HEALTH_LINES = 3  # of a failing health check's output, shown in the error
 STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
 
 
@@ -311,7 +316,14 @@ class Deployment:
 
     def _workers_up(self, timeout: int | None) -> None:
         def start(node: Node) -> Callable[[], None]:
-            return lambda: self._compose_up(node, None, wait=timeout, phase="ray-workers")
+            def run() -> None:
+                self._compose_up(node, None, wait=timeout, phase="ray-workers")
+                # Compose's --wait was seen returning 0 with the worker still "starting" (its
+                # link cut): its word is checked.
+                if timeout is not None and self._failing_service(node):
+                    self._raise_failed(node, "ray-workers", f"not healthy after {timeout} s")
+
+            return run
 
         work = {n.name: start(n) for n in self.cluster.workers}
         if work:
@@ -325,7 +337,9 @@ class Deployment:
         few seconds anyway. Waiting on the healthcheck instead would add up to its interval to
         every start; polling faster would steal CPU from the model load."""
         head = self.cluster.head
-        self._compose_up(head, ["serve"], wait=None, phase="serve")
+        # Compose holds serve back until the head's Ray is healthy: bounded by the same timeout.
+        start = lambda: self._compose_up(head, ["serve"], wait=None, phase="serve")  # noqa: E731
+        parallel("serve", {head.name: start}, timeout, self.report)
         # Native: a headless rank that dies leaves rank 0 waiting for it; watch them too.
         ranks = self.cluster.workers if self.cluster.backend == "native" else []
         probe = self._probe(head, "serve")
@@ -361,7 +375,7 @@ class Deployment:
                         docker.compose.execute(service, probe, tty=False)
                         return
                     except DockerException as e:
-                        last = last_line(e.stderr).removeprefix("vllm-compose-health: ")
+                        last = _reason(e).removeprefix("vllm-compose-health: ")
                     for other in [node, *ranks]:
                         if not self._running(other, service):
                             self._raise_failed(other, phase, f"{service} stopped")
@@ -459,8 +473,10 @@ class Deployment:
             if not state.running or health == "unhealthy" or health == "starting":
                 labels = container.config.labels or {}
                 log = state.health.log if state.health and state.health.log else []
-                last = (log[-1].output or "").strip() if log else ""
-                return labels.get("com.docker.compose.service", container.name), last
+                # Its last lines: what the check said, after whatever the libraries logged.
+                said = (log[-1].output or "").strip().splitlines() if log else []
+                last = "\n".join(said[-HEALTH_LINES:])
+                return labels.get(SERVICE, container.name), last
         return None
 
     def _tail(self, node: Node, service: str, lines: int = LOG_TAIL) -> str:
@@ -476,7 +492,7 @@ class Deployment:
     def down(self, nodes: list[Node] | None = None) -> dict[str, str]:
         """Every node (or those given) in parallel; node -> 'removed' or why it is not clean."""
 
-        def one(node: Node) -> Callable[[], None]:
+        def one(node: Node) -> Callable[[], object]:
             return lambda: self.docker[node.name].compose.down(
                 remove_orphans=True, volumes=True, quiet=True
             )
@@ -495,7 +511,7 @@ class Deployment:
         def states(node: Node) -> Callable[[], dict[str, Any]]:
             def run() -> dict[str, Any]:
                 found = self.docker[node.name].compose.ps(all=True)
-                return {c.config.labels["com.docker.compose.service"]: c.state for c in found}
+                return {(c.config.labels or {}).get(SERVICE, c.name): c.state for c in found}
 
             return run
 
@@ -569,7 +585,7 @@ class Deployment:
                     labels = container.config.labels or {}
                     row["services"].append(
                         {
-                            "service": labels.get("com.docker.compose.service"),
+                            "service": labels.get(SERVICE),
                             "state": state.status,
                             "health": state.health.status if state.health else None,
                         }
@@ -620,7 +636,9 @@ class Deployment:
 
 def _reason(error: BaseException) -> str:
     if isinstance(error, DockerException):
-        return last_line(error.stderr)
+        if (error.stderr or error.stdout or "").strip():
+            return last_line(error.stderr or error.stdout)
+        return f"exit code {error.return_code}, no output"
     return getattr(error, "message", None) or str(error) or type(error).__name__
 
 

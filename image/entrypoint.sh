@@ -16,19 +16,9 @@ case "${1:-}" in
     "") echo "vllm-compose: no command given; the rendered compose.yaml sets one" >&2; exit 2 ;;
 esac
 
-# A Ray worker that starts before its head would give up after a few retries: wait for the
-# head's GCS port first, bounded, so the nodes of a hand-run stack can start in any order.
-if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ]; then
-    vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "${VLLM_COMPOSE_WAIT_SECONDS:-300}"
-fi
-# The API key arrives as a file (Compose secret), never in argv or the container's configured env:
-# vLLM reads VLLM_API_KEY from the environment of this process only.
-if [ -r /run/secrets/api_key ]; then
-    VLLM_API_KEY="$(cat /run/secrets/api_key)"
-    export VLLM_API_KEY
-fi
 # Ray's token (backend ray) where Ray looks by default, so every process here finds it, those
-# started by `docker exec` (health checks) too, and no variable in the configured env names it.
+# started by `docker exec` too (health checks, which begin while the wait below runs), and no
+# variable in the configured env names it.
 if [ -r /run/secrets/ray_token ]; then
     mkdir -p "${HOME:-/root}/.ray"
     ln -sf /run/secrets/ray_token "${HOME:-/root}/.ray/auth_token"
@@ -36,5 +26,18 @@ fi
 if [ -r /run/secrets/hf_token ]; then
     HF_TOKEN_PATH=/run/secrets/hf_token
     export HF_TOKEN_PATH
+fi
+# A Ray worker that starts before its head would give up after a few retries: wait for the
+# head's GCS port first, bounded, so the nodes of a hand-run stack can start in any order.
+if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ]; then
+    seconds="${VLLM_COMPOSE_WAIT_SECONDS:-300}"
+    echo "vllm-compose: waiting up to $seconds s for the head's Ray at $VLLM_COMPOSE_WAIT_FOR" >&2
+    vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "$seconds"
+fi
+# The API key arrives as a file (Compose secret), never in argv or the container's configured env:
+# vLLM reads VLLM_API_KEY from the environment of this process only.
+if [ -r /run/secrets/api_key ]; then
+    VLLM_API_KEY="$(cat /run/secrets/api_key)"
+    export VLLM_API_KEY
 fi
 exec "$@"

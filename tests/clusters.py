@@ -116,7 +116,10 @@ class Background:
         raise AssertionError(f"no {text!r} in {seconds:g} s:\n{self.output}")
 
     def wait(self, seconds: float) -> int:
-        return self.proc.wait(timeout=seconds)
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {seconds:g} s:\n{self.output}") from None
 
     def interrupt(self, seconds: float = 60) -> int:
         """Ctrl-C, as a user stops it; killed if it has not ended after `seconds`."""

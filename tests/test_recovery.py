@@ -55,7 +55,7 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "linkcut", [head, worker])
-    upping = Background("up", config, "--join-timeout", "30", cwd=tmp)
+    upping = Background("up", config, "--join-timeout", "30", "--serve-timeout", "60", cwd=tmp)
     try:
         upping.wait_for("ray-head ...", 120)  # preflight passed: the link was up until now
         bed.link_down(worker)
