@@ -132,14 +132,14 @@ class Testbed:
         sh("docker", "context", "create", node.context, "--docker", f"host=unix://{node.socket}")
         return node
 
-    def _engine_up(self, node: Node, live_restore: bool = False) -> None:
+    def _engine_up(self, node: Node) -> None:
         data = ENGINES / node.name
         Path(node.models).mkdir(parents=True, exist_ok=True)
         Path(MODELS).mkdir(parents=True, exist_ok=True)
         dockerd = (
             f"dockerd --data-root {data}/docker --exec-root /run/{node.netns}-exec"
             f" -H unix://{node.socket} --pidfile {node.pidfile} --bridge none"
-            " --iptables=false --ip-masq=false" + (" --live-restore" if live_restore else "")
+            " --iptables=false --ip-masq=false"
         )
         # Own mount, IPC and UTS namespaces: a private /dev/shm and hostname per node (vLLM takes
         # two nodes sharing them for one machine), and the node's own model folder.
@@ -213,10 +213,8 @@ class Testbed:
     def stop_engine(self, node: Node) -> None:
         self._signal_engine(node, signal.SIGTERM, wait=True)
 
-    def start_engine(self, node: Node, live_restore: bool = False) -> None:
-        """`live_restore`: the engine leaves its containers running when it stops, and takes
-        them back when it starts again (dockerd --live-restore)."""
-        self._engine_up(node, live_restore)
+    def start_engine(self, node: Node) -> None:
+        self._engine_up(node)
         self._wait_engine(node)
 
     def link_down(self, node: Node) -> None:
@@ -341,7 +339,7 @@ class Testbed:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # its containers get 30 s to stop
         while wait and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         if Path(f"/proc/{pid}").exists():

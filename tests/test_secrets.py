@@ -1,0 +1,52 @@
+"""The secret files beside a config: which are generated, how, and what is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from generator import config, secrets
+from generator.errors import VllmComposeError
+
+BASE = """\
+name: c
+image: vllm/vllm-openai:v0.32.0
+interface: eth1
+nodes:
+  - {name: a, ip: 10.0.0.1}
+  - {name: b, ip: 10.0.0.2}
+model: {path: /models/m}
+"""
+
+
+def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritten(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    found = secrets.local(path, config.parse(BASE))
+    assert found.generated == {
+        "api_key": tmp_path / "c.api-key",
+        "ray_token": tmp_path / "c.ray-token",
+    }
+    for file in found.generated.values():
+        assert file.stat().st_mode & 0o777 == 0o600 and len(file.read_text()) >= 32
+    key = (tmp_path / "c.api-key").read_text()
+    again = secrets.local(path, config.parse(BASE))
+    assert again.generated == {} and again.files == found.files
+    assert (tmp_path / "c.api-key").read_text() == key
+
+
+def test_native_backend_needs_no_ray_token(tmp_path: Path) -> None:
+    found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
+    assert set(found.files) == {"api_key"}
+
+
+def test_a_named_file_that_is_missing_or_readable_by_others_is_refused(tmp_path: Path) -> None:
+    named = config.parse(BASE + "secrets: {ray_token_file: token}\n")
+    with pytest.raises(VllmComposeError, match=r"secrets\.ray_token_file: .*/token does not exist"):
+        secrets.local(tmp_path / "c.yaml", named)
+    (tmp_path / "token").write_text("t" * 40)
+    (tmp_path / "token").chmod(0o644)
+    with pytest.raises(VllmComposeError, match="can be read by other users"):
+        secrets.local(tmp_path / "c.yaml", named)
