@@ -49,6 +49,7 @@ class DockerError(VllmComposeError):
     def __init__(self, node: str, message: str, detail: str = "", hint: str | None = None) -> None:
         super().__init__(f"node '{node}': {message}", hint)
         self.node = node
+        self.what = message  # without the node
         self.detail = detail
 
     def lines(self) -> list[str]:

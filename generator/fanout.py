@@ -77,7 +77,7 @@ def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseErr
     if isinstance(error, PhaseError):
         return error
     if isinstance(error, DockerError):
-        return PhaseError(node, phase, error.message, error.detail)
+        return PhaseError(error.node, phase, error.what, error.detail, error.hint)
     if isinstance(error, DockerException):
         return PhaseError(node, phase, last_line(error.stderr), error.stderr or "")
     return PhaseError(node, phase, str(error))
