@@ -146,7 +146,8 @@ def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deploymen
 
 
 def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
-    resolved = deploy.Deployment(cluster, _render(path, cluster, outdir), _progress).resolve()
+    deployment = deploy.Deployment(cluster, _render(path, cluster, outdir), _progress)
+    resolved = _with_secrets(deployment, path).resolve()
     written = lock.write(path, resolved)
     files = resolved["model"]["files"]
     size = sum(f["size"] for f in files.values())
@@ -327,8 +328,9 @@ def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Check every node before starting: contexts, interface and IP, reach between every pair,
-    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports."""
-    checks, seconds = _deployment(path, outdir).preflight()
+    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
+    Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
+    checks, seconds = _with_secrets(_deployment(path, outdir), path).preflight()
     failures = [c for c in checks if c.status == "fail"]
     if as_json:
         out.print(preflight_checks.as_json(checks), markup=False)

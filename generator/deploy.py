@@ -168,8 +168,10 @@ class Deployment:
         self._images(self.cluster.nodes)
         self.push_secrets()
 
-    def push_secrets(self) -> None:
-        """Each node's secret files, onto the node, all nodes at once."""
+    def push_secrets(self, nodes: list[Node] | None = None) -> None:
+        """Each node's secret files, onto the node, all nodes (or those given) at once. Compose
+        creates no container of a service whose secret file is missing, one-off ones (preflight's
+        facts) included."""
         image = wrapper_tag(self.cluster)
 
         def push(node: Node) -> Callable[[], None]:
@@ -179,7 +181,7 @@ class Deployment:
                 self.cluster, node.name, self.docker[node.name], image, files
             )
 
-        work = {n.name: push(n) for n in self.cluster.nodes}
+        work = {n.name: push(n) for n in nodes or self.cluster.nodes}
         parallel("secrets", work, 120, self.report)
 
     # preflight
@@ -192,6 +194,7 @@ class Deployment:
         live = [n for n in self.cluster.nodes if n.name in alive]
         if live:
             self._images(live)
+            self.push_secrets(live)
         more, facts = preflight.gather(self.cluster, self.docker, live, self.report)
         checks += more + preflight.evaluate(self.cluster, facts, self._bases(live), self._serving())
         return checks, time.monotonic() - start
@@ -230,6 +233,7 @@ class Deployment:
         head = self.cluster.head
         self._contexts_answer(30)
         self._images([head])
+        self.push_secrets([head])
         base = self.docker[head.name].image.inspect(self.cluster.image)
         self.report(f"lock: hashing {self.cluster.model.path} on {head.name}")
         facts = self._health(
