@@ -15,7 +15,8 @@ from generator.config import MEMORY_MONITOR, Cluster, Node
 
 RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILURES #13)
 # Where each node keeps the cluster's secret files (written there by `up` over the context, from
-# the files beside the config); Compose mounts them at /run/secrets/<name> in the serve container.
+# the files beside the config); Compose mounts them at /run/secrets/<name> in the services that
+# use them: the API key in serve, Ray's token in every Ray service and serve.
 SECRETS_DIR = "/var/lib/vllm-compose"
 SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-token"}
 
