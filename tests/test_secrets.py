@@ -8,16 +8,7 @@ import pytest
 
 from generator import config, secrets
 from generator.errors import VllmComposeError
-
-BASE = """\
-name: c
-image: vllm/vllm-openai:v0.32.0
-interface: eth1
-nodes:
-  - {name: a, ip: 10.0.0.1}
-  - {name: b, ip: 10.0.0.2}
-model: {path: /models/m}
-"""
+from tests.test_config import BASE
 
 
 def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritten(
