@@ -81,37 +81,59 @@ def _render(
     outdir: Path | None,
     dry_run: bool = False,
     quiet: bool = True,
+    found: secrets.Local | None = None,
 ) -> Path:
+    """Render and write the node folders; with `found`, each carries its secret files."""
     target = outdir or Path("compose") / cluster.name
-    files = render.render(cluster, path.name)
+    contents = (
+        {name: p.read_text(encoding="utf-8") for name, p in found.files.items()} if found else None
+    )
+    files = render.render(cluster, path.name, contents)
     changes = output.plan(files, target)
     # As a step of another command, what changed goes to stderr: stdout stays that command's
     # (`status --json`, `preflight --json`).
     shown = err if quiet else out
     for change in changes:
         if not (quiet and change.action == "identical"):
-            shown.print(f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}")
+            secret = "  (secret: mode 0600, contents never shown)" if change.file.secret else ""
+            action = f"{'would ' if dry_run else ''}{change.action:>9}"
+            shown.print(f"{action}  {change.path}{secret}", markup=False)
         if dry_run and change.action != "identical":
             out.print(change.diff(), end="", markup=False)
     for folder in output.stale(files, target):
-        err.print(f"note: {folder} is not a node of {cluster.name} any more; left as it is")
+        err.print(
+            f"note: {folder} is not a node of {cluster.name} any more; left as it is", markup=False
+        )
     if not dry_run:
         output.apply(changes)
     return target
 
 
 def _deployment(
-    path: Path, outdir: Path | None, strict: bool = False, update_lock: bool = False
+    path: Path,
+    outdir: Path | None,
+    strict: bool = False,
+    update_lock: bool = False,
+    with_secrets: bool = False,
 ) -> deploy.Deployment:
     """The deployment of the config, pinned by its lock when it has one. `strict` (commands that
-    start things): a config changed since its lock is an error; `update_lock` re-locks first."""
+    start things): a config changed since its lock is an error; `update_lock` re-locks first;
+    `with_secrets`: the secret files beside the config (the defaults generated when missing) go
+    into the node folders and onto the nodes."""
     cluster = _load(path)
     locked = _lock(path, cluster, outdir) if update_lock else lock.read(path)
     cluster, locked = _pinned(path, cluster, locked, strict)
-    outdir_ = _render(path, cluster, outdir)
-    return deploy.Deployment(
-        cluster, outdir_, _progress, locked, lock.path_for(path), accept_drift=update_lock
+    found = _secrets(path, cluster) if with_secrets else None
+    deployment = deploy.Deployment(
+        cluster,
+        _render(path, cluster, outdir, found=found),
+        _progress,
+        locked,
+        lock.path_for(path),
+        accept_drift=update_lock,
     )
+    deployment.secret_files = found.files if found else {}
+    return deployment
 
 
 def _pinned(
@@ -127,8 +149,8 @@ def _pinned(
     return lock.pinned(cluster, locked), locked
 
 
-def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deployment:
-    found = secrets.local(path, deployment.cluster)
+def _secrets(path: Path, cluster: config.Cluster) -> secrets.Local:
+    found = secrets.local(path, cluster)
     if "api_key" in found.generated:
         err.print(
             f"api key: generated {found.generated['api_key']} (mode 0600); clients send it as"
@@ -141,13 +163,14 @@ def _with_secrets(deployment: deploy.Deployment, path: Path) -> deploy.Deploymen
             " authenticate with it",
             markup=False,
         )
-    deployment.secret_files = found.files
-    return deployment
+    return found
 
 
 def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
-    deployment = deploy.Deployment(cluster, _render(path, cluster, outdir), _progress)
-    resolved = _with_secrets(deployment, path).resolve()
+    found = _secrets(path, cluster)
+    deployment = deploy.Deployment(cluster, _render(path, cluster, outdir, found=found), _progress)
+    deployment.secret_files = found.files
+    resolved = deployment.resolve()
     written = lock.write(path, resolved)
     files = resolved["model"]["files"]
     size = sum(f["size"] for f in files.values())
@@ -179,9 +202,14 @@ def render_cmd(
         bool, typer.Option("--dry-run", help="Show the plan and diffs only.")
     ] = False,
 ) -> None:
-    """Render one compose folder per node."""
+    """Render one compose folder per node: compose.yaml, the wrapper's build context and the
+    secret files its stack uses (secrets/, mode 0600), so the folder alone starts with
+    `docker compose up -d` on its node."""
     cluster, _ = _pinned(path, _load(path), lock.read(path), strict=True)
-    _render(path, cluster, outdir, dry_run, quiet=False)
+    found = secrets.local(path, cluster, generate=False) if dry_run else _secrets(path, cluster)
+    for name, missing in (found.missing if dry_run else {}).items():
+        out.print(f"would generate {missing} ({name}, mode 0600)", markup=False)
+    _render(path, cluster, outdir, dry_run, quiet=False, found=found)
 
 
 @app.command()
@@ -212,9 +240,7 @@ def up(
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. A start phase that fails takes the group down again. With a lock beside the config,
     the locked image and model or an error."""
-    deployment = _with_secrets(
-        _deployment(path, outdir, strict=True, update_lock=update_lock), path
-    )
+    deployment = _deployment(path, outdir, strict=True, update_lock=update_lock, with_secrets=True)
     timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
     result = deployment.up(timeouts, checks=not skip_preflight, keep_on_failure=keep_on_failure)
     for node, what in result.images.items():
@@ -239,7 +265,7 @@ def watch(
     """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
     nodes and a real completion; on failure recreate the whole group in order, with back-off;
     after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
-    deployment = _with_secrets(_deployment(path, outdir, strict=True), path)
+    deployment = _deployment(path, outdir, strict=True, with_secrets=True)
     policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
     _watch(deployment, policy, deploy.Timeouts())
 
@@ -282,7 +308,7 @@ class _Recreating:
 def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write the secret files (the API key, generated beside the config when missing, and the HF
     token) onto every node that needs them, as `up` does; for stacks started by hand."""
-    deployment = _with_secrets(_deployment(path, outdir), path)
+    deployment = _deployment(path, outdir, with_secrets=True)
     deployment.secrets_onto_nodes()
     for node in deployment.cluster.nodes:
         out.print(f"{node.name}: secrets written", markup=False)
@@ -330,7 +356,7 @@ def preflight(
     """Check every node before starting: contexts, interface and IP, reach between every pair,
     one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
     Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
-    checks, seconds = _with_secrets(_deployment(path, outdir), path).preflight()
+    checks, seconds = _deployment(path, outdir, with_secrets=True).preflight()
     failures = [c for c in checks if c.status == "fail"]
     if as_json:
         out.print(preflight_checks.as_json(checks), markup=False)

@@ -34,6 +34,8 @@ ABS_PATH = r"^/[^\x00-\x1f:]*$"
 
 # Values vllm-compose derives per node; setting them by hand would make nodes disagree.
 PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# NCCL settings a node's own hardware decides (its RDMA devices): never copied from the head.
+PER_NODE_HARDWARE_ENV = ("NCCL_IB_HCA",)
 SECRET_ENV = {
     "VLLM_API_KEY": "api_key_file",
     "RAY_AUTH_TOKEN": "ray_token_file",

@@ -63,9 +63,12 @@ class Result:
 
 
 def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
+    """The node's engine over its context; Compose reads contexts.env, which points the stack's
+    secrets at the files `up` writes on the node."""
     return DockerClient(
         context=node.docker_context,
         compose_files=[outdir / node.name / "compose.yaml"],
+        compose_env_files=[outdir / node.name / "contexts.env"],
         compose_project_name=cluster.name,
     )
 

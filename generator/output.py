@@ -23,6 +23,8 @@ class Change:
     old: str | None
 
     def diff(self) -> str:
+        if self.file.secret:
+            return ""  # a secret's contents are never shown
         old = (self.old or "").splitlines(keepends=True)
         before = f"a/{self.path}" if self.old is not None else "/dev/null"
         lines = difflib.unified_diff(
@@ -71,6 +73,8 @@ def apply(changes: list[Change]) -> None:
 
 def _stage(change: Change) -> str:
     change.path.parent.mkdir(parents=True, exist_ok=True)
+    if change.file.secret:
+        change.path.parent.chmod(0o700)
     fd, tmp = tempfile.mkstemp(dir=change.path.parent, prefix=f".{change.path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(change.file.text)

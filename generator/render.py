@@ -10,13 +10,25 @@ import jinja2
 
 from generator import __version__, assets
 from generator.config import Cluster
-from generator.stack import NodeStack
+from generator.stack import SECRET_NAMES, NodeStack
 
 
 @dataclass(frozen=True)
 class File:
     text: str
     mode: int = 0o644
+    secret: bool = False  # never shown in a diff; its folder is made 0700
+
+
+# The node folder's files besides compose.yaml and the wrapper's build context.
+DOCKERIGNORE = (
+    "# The wrapper image's build context is this folder: never send the secrets.\nsecrets\n"
+)
+GITIGNORE = "# Secret files (vllm-compose render): never commit them.\n*\n"
+CONTEXTS_ENV_HEADER = (
+    "# Read by `vllm-compose up` (docker compose --env-file contexts.env): the secret files it\n"
+    "# writes on the node over its context. By hand, leave it: compose.yaml then uses ./secrets.\n"
+)
 
 
 def quote(value: object) -> str:
@@ -49,17 +61,31 @@ def node_stacks(cluster: Cluster, source: str) -> list[NodeStack]:
     return [NodeStack(cluster, node, source, image) for node in cluster.nodes]
 
 
-def render(cluster: Cluster, source: str) -> dict[str, File]:
-    """Relative path -> file, for every node: its compose.yaml and the wrapper's build context."""
+def render(cluster: Cluster, source: str, secrets: dict[str, str] | None = None) -> dict[str, File]:
+    """Relative path -> file, for every node: its compose.yaml, the wrapper's build context,
+    contexts.env, and (given `secrets`: name -> contents) the secret files its stack uses, so
+    that the folder alone starts with `docker compose up -d`."""
     template = _env.get_template("compose.yaml.j2")
     build_context = {name: _asset(name) for name in assets.IMAGE_FILES}
     files: dict[str, File] = {}
     for stack in node_stacks(cluster, source):
-        files[f"{stack.node.name}/compose.yaml"] = File(
-            template.render(stack=stack, version=__version__)
-        )
-        files.update({f"{stack.node.name}/{name}": f for name, f in build_context.items()})
+        folder = stack.node.name
+        files[f"{folder}/compose.yaml"] = File(template.render(stack=stack, version=__version__))
+        files.update({f"{folder}/{name}": f for name, f in build_context.items()})
+        files[f"{folder}/.dockerignore"] = File(DOCKERIGNORE)
+        files[f"{folder}/contexts.env"] = File(CONTEXTS_ENV_HEADER + stack.contexts_env)
+        files.update(_secret_files(stack, secrets))
     return files
+
+
+def _secret_files(stack: NodeStack, secrets: dict[str, str] | None) -> dict[str, File]:
+    folder = f"{stack.node.name}/secrets"
+    found = {
+        f"{folder}/{SECRET_NAMES[name]}": File(secrets[name], 0o600, secret=True)
+        for name in stack.used_secrets
+        if secrets and name in secrets
+    }
+    return found | {f"{folder}/.gitignore": File(GITIGNORE, 0o600, secret=True)} if found else {}
 
 
 def _asset(name: str) -> File:

