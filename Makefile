@@ -2,6 +2,7 @@ CONFIG ?= cluster.yaml
 PY ?= python3
 BASE_IMAGE ?= hellohal2064/vllm-qwen3.5-gb10:latest
 IMAGE ?= vllm-compose:dev
+BACKEND ?= ray
 
 .PHONY: setup compose image test lint demo demo-down up watch down testbed testbed-down
 
@@ -16,9 +17,10 @@ image:  ## build the wrapper image over $(BASE_IMAGE)
 
 lint:
 	ruff check generator tests
+	ruff format --check generator tests
 	mypy
 
-test: setup  ## set up, then run the whole suite on a real engine
+test: setup lint  ## set up, lint and type-check, then run the whole suite on a real engine
 	$(PY) -m pytest
 
 up:  ## render and start every node of $(CONFIG) over its Docker context
@@ -36,8 +38,8 @@ testbed:  ## emulated nodes: network namespaces with their own engines and conte
 testbed-down:
 	$(PY) -m tests.testbed down
 
-demo: setup  ## a real Ray cluster across two emulated nodes, deployed by vllm-compose up
-	$(PY) -m tests.demo up
+demo: setup  ## real vLLM, TP=2 over Ray across two emulated nodes, deployed by vllm-compose up (BACKEND=native: vLLM's own multi-node mode)
+	$(PY) -m tests.demo up $(BACKEND)
 
 demo-down:
 	$(PY) -m tests.demo down

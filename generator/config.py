@@ -334,6 +334,11 @@ def _override_problems(c: Cluster) -> list[str]:
         for key in RAY_AUTH_ENV
         if key in c.env
     ]
+    if c.backend == "ray" and "VLLM_CONFIG_ROOT" in c.env:
+        problems.append(
+            "env.VLLM_CONFIG_ROOT: set by vllm-compose (backend ray): it holds the list that keeps"
+            " per-node variables on their node; remove it here"
+        )
     for i, arg in enumerate(c.vllm.args):
         if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
             problems.append(

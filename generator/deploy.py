@@ -403,7 +403,9 @@ class Deployment:
                 elif STARTED in line:
                     started = True
                 elif tripped := diagnose.guard(line):
-                    self._raise_failed(node, phase, tripped.cause, tripped.hint, line.strip())
+                    cause = self._placement_cause() if tripped is diagnose.PLACEMENT else None
+                    cause = cause or tripped.cause
+                    self._raise_failed(node, phase, cause, tripped.hint, line.strip())
 
     @contextlib.contextmanager
     def _follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:
@@ -603,6 +605,21 @@ class Deployment:
                 row["ray_alive_at_ip"] = str(node.ip) in alive if alive is not None else None
             rows.append(row)
         return rows
+
+    def _placement_cause(self) -> str | None:
+        """Which node keeps Ray from placing vLLM's workers, from every node's GPU slots."""
+        head = self.cluster.head
+        gcs = f"{head.ip}:{self.cluster.ray.port}"
+        try:
+            out = self.docker[head.name].compose.execute(
+                "ray", ["vllm-compose-health", "slots", "--address", gcs], tty=False
+            )
+            short = diagnose.placement_shortfall(self.cluster, json.loads(out or "{}"))
+        except (DockerException, ValueError):
+            return None
+        if not short:
+            return None
+        return f"Ray cannot place vLLM's workers: {'; '.join(short)} (vLLM would wait 1800 s)"
 
     def _ray_nodes(self) -> dict[str, float] | None:
         head = self.cluster.head

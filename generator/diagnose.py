@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from generator.config import Cluster
+
 # vLLM's prefix: "(EngineCore pid=327) ERROR 11-30 10:07:08 [core.py:1510] "; then a traceback's
 # last line, which starts the (rest of the) line: a warning quoting an error name does not count.
 PREFIX = r"^(?:\(\w+ pid=\d+\)\s+)?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]+\]\s+)?"
@@ -28,23 +30,31 @@ def cause(log: str) -> str | None:
 class Guard:
     """A log line that means the start will not succeed, however long one waits."""
 
-    marker: str
+    marker: str  # a regular expression searched in each line
     cause: str
     hint: str
 
 
+# Variables that must keep each node's own value on that node's ranks (stack.per_node_environment
+# and the hardware ones), whatever vLLM's Ray executor copies from the head.
+PER_NODE = "|".join(("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"))
+
+
+PLACEMENT = Guard(
+    "Waiting for creating a placement group",
+    "Ray cannot place vLLM's workers (vLLM waits 1800 s before it says so): fewer nodes or "
+    "GPUs joined than TP x PP needs, or a node registered another IP than VLLM_HOST_IP",
+    "vllm-compose status CONFIG shows which node is not alive in Ray at its IP",
+)
+
 GUARDS = [
+    PLACEMENT,
     Guard(
-        "Waiting for creating a placement group",
-        "Ray cannot place vLLM's workers (vLLM waits 1800 s before it says so): fewer nodes or "
-        "GPUs joined than TP x PP needs, or a node registered another IP than VLLM_HOST_IP",
-        "vllm-compose status CONFIG shows which node is not alive in Ray at its IP",
-    ),
-    Guard(
-        "Overwriting environment variable NCCL_",
-        "vLLM overwrote an NCCL_ variable the stack set, so NCCL runs with other settings than "
-        "configured (the field's silent hang)",
-        "find who sets it (the image's ENV or vLLM's defaults); set it once, in the config's env",
+        f"Overwriting environment variable ({PER_NODE}) ",
+        "vLLM's Ray executor overwrote a worker's per-node variable with the head's value, so that "
+        "rank would use another node's interface or address (the field's silent hang)",
+        "the stacks list these in ray_non_carry_over_env_vars.json under VLLM_CONFIG_ROOT; check "
+        "the image does not move VLLM_CONFIG_ROOT or read that file from elsewhere",
     ),
     Guard(
         "Ray killed this worker",
@@ -56,4 +66,20 @@ GUARDS = [
 
 def guard(line: str) -> Guard | None:
     """The guard this log line trips, if any."""
-    return next((g for g in GUARDS if g.marker in line), None)
+    return next((g for g in GUARDS if re.search(g.marker, line)), None)
+
+
+def placement_shortfall(cluster: Cluster, slots: dict[str, dict[str, float]]) -> list[str]:
+    """Why Ray cannot place vLLM's workers, node by node, from every alive Ray node's GPU slots
+    (IP -> {"gpus": total, "free": free now}): a node not alive at its IP, or with fewer slots
+    free than it contributes."""
+    found = []
+    for node in cluster.nodes:
+        seen = slots.get(str(node.ip))
+        if seen is None:
+            alive = ", ".join(sorted(slots)) or "none"
+            found.append(f"{node.name} is not alive in Ray at {node.ip} (alive: {alive})")
+        elif seen["free"] < node.gpus:
+            held = "held by another Ray job" if seen["gpus"] >= node.gpus else "declared"
+            found.append(f"{node.name} has {seen['free']:g} of {node.gpus} GPU slots free ({held})")
+    return found

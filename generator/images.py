@@ -27,19 +27,37 @@ class Target:
 
 
 def ensure(target: Target, tag: str, base: str) -> str:
-    """'present', 'built', or 'no-base' (the node cannot get the base: it needs a transfer)."""
-    if target.docker.image.exists(tag):
-        return "present"
-    if not target.docker.image.exists(base):
+    """'present', 'built', 'rebuilt' (the node's base changed under the same name since the
+    wrapper was built: a re-pulled or rebuilt `:latest`), or 'no-base' (the node cannot get the
+    base: it needs a transfer)."""
+    docker = target.docker
+    has_base = docker.image.exists(base)
+    if docker.image.exists(tag):
+        if not has_base or _built_on(docker, tag, base):
+            return "present"
+        _build(target, tag, base)
+        return "rebuilt"
+    if not has_base:
         try:
-            target.docker.image.pull(base, quiet=True)
+            docker.image.pull(base, quiet=True)
         except DockerException:
             return "no-base"
+    _build(target, tag, base)
+    return "built"
+
+
+def _built_on(docker: DockerClient, tag: str, base: str) -> bool:
+    """Whether the wrapper's layers start with the base's: built on that very image."""
+    wrapper = docker.image.inspect(tag).root_fs.layers or []
+    below = docker.image.inspect(base).root_fs.layers or []
+    return wrapper[: len(below)] == below
+
+
+def _build(target: Target, tag: str, base: str) -> None:
     try:
         target.docker.legacy_build(target.folder, build_args={"BASE_IMAGE": base}, tags=[tag])
     except DockerException as e:
         raise DockerError(target.name, f"building {tag} from {base} failed", e.stderr or "") from e
-    return "built"
 
 
 def stream(tag: str, source: Target, dest: Target, report: Report) -> int:

@@ -317,7 +317,11 @@ def _hardware(c: Cluster, node: Node, f: Facts) -> list[Check]:
         return [skipped("rdma", node.name, why), skipped("gpus", node.name, why)]
     checks = []
     ports = f["rdma"]
-    if not ports:
+    if not ports and c.settings.devices:
+        cause = f"profile {c.profile} needs RDMA and the node has no RDMA device"
+        hint = "ibdev2netdev on the node (the ConnectX driver), or profile: generic for TCP"
+        checks.append(failed("rdma", node.name, cause, hint))
+    elif not ports:
         checks.append(skipped("rdma", node.name, "no RDMA devices: NCCL uses TCP sockets"))
     else:
         down = sorted(p for p, state in ports.items() if state != "ACTIVE")

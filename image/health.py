@@ -7,6 +7,8 @@
       healthy when a real completion (max_tokens 1) comes back: /health stays 200 with a dead engine
   nodes --address HOST:PORT
       prints the alive Ray nodes as JSON: {"IP": GPUs}
+  slots --address HOST:PORT
+      prints every alive Ray node's GPU slots as JSON: {"IP": {"gpus": total, "free": free now}}
   wait-for HOST:PORT --seconds S
       waits until a TCP connection to HOST:PORT succeeds
   facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--model PATH]
@@ -49,6 +51,36 @@ def alive_nodes(address):
 
     nodes = GcsClient(address=address).get_all_node_info(timeout=5).values()
     return {n.node_manager_address: n.resources_total.get("GPU", 0) for n in nodes if n.state == 0}
+
+
+def gpu_slots(address):
+    """IP -> {"gpus": total, "free": available} of every alive node, from the GCS (no driver)."""
+    from ray._private.state import GlobalState  # noqa: PLC0415 - only this command needs Ray
+    from ray._raylet import GcsClient, GcsClientOptions  # noqa: PLC0415
+
+    nodes = GcsClient(address=address).get_all_node_info(timeout=5)
+    state = GlobalState()
+    options = GcsClientOptions.create(
+        address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False
+    )
+    state._initialize_global_state(options)
+    free = state.available_resources_per_node()
+    return {
+        n.node_manager_address: {
+            "gpus": n.resources_total.get("GPU", 0),
+            "free": free.get(node_id.hex(), {}).get("GPU", 0),
+        }
+        for node_id, n in nodes.items()
+        if n.state == 0
+    }
+
+
+def print_slots(args):
+    try:
+        print(json.dumps(gpu_slots(args.address), sort_keys=True))
+    except Exception as e:  # noqa: BLE001
+        return f"Ray GCS at {args.address} does not answer: {e}"
+    return None
 
 
 def check_ray(args):
@@ -409,6 +441,8 @@ def main():
     serve.add_argument("--timeout", type=float, default=30)
     nodes = sub.add_parser("nodes")
     nodes.add_argument("--address", required=True)
+    slots = sub.add_parser("slots")
+    slots.add_argument("--address", required=True)
     wait = sub.add_parser("wait-for")
     wait.add_argument("target")
     wait.add_argument("--seconds", type=float, default=300)
@@ -432,6 +466,7 @@ def main():
     checks = {
         "ray": check_ray,
         "nodes": print_nodes,
+        "slots": print_slots,
         "serve": check_serve,
         "wait-for": wait_for,
         "facts": facts,
@@ -443,7 +478,7 @@ def main():
     if problem:
         print(f"vllm-compose-health: {problem}", file=sys.stderr)
         sys.exit(1)
-    if args.check not in ("nodes", "facts", "manifest", "send", "receive"):
+    if args.check not in ("nodes", "slots", "facts", "manifest", "send", "receive"):
         print(f"vllm-compose-health: {args.check} ok")
 
 

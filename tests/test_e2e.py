@@ -1,24 +1,35 @@
 """Real vLLM (CPU build, tests/images.py) across two emulated nodes, deployed by `vllm-compose up`
-from generated stacks: the native backend serves the tiny model with tensor parallelism over both
-nodes; the Ray backend forms the real Ray cluster and stops where vLLM's CPU platform does."""
+from generated stacks: both of vLLM's multi-node backends serve the tiny model with tensor
+parallelism over both nodes. The Ray backend runs vLLM's real Ray executor (the test image's
+TEST-ONLY platform plugin names a Ray resource for the CPU platform, tests/vllm_test_platform.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from tests import clusters, images
 from tests.clusters import cli
-from tests.testbed import MODELS, Node, Testbed
+from tests.testbed import IFNAME, MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 VLLM = "{port: 30000, max_model_len: 256, startup_timeout: 600, args: [--dtype, float32, --enforce-eager]}"
+# On CPU, vLLM reads gpu_memory_utilization as the share of host memory to reserve: with Ray both
+# nodes' ranks and the driver share this one machine.
+VLLM_RAY = (
+    "{port: 30000, max_model_len: 256, startup_timeout: 600, gpu_memory_utilization: 0.1,"
+    " args: [--dtype, float32, --enforce-eager]}"
+)
+TWIN = "enP2p1s0f1np1"  # the DGX Spark's other port name: the worker's interface in Ray tests
 
 
 @pytest.fixture
@@ -27,10 +38,26 @@ def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]
     clusters.clean(vllm_testbed, tmp_path)
 
 
-def config(tmp: Path, bed: Testbed, name: str, backend: str) -> Path:
+def config(
+    tmp: Path,
+    bed: Testbed,
+    name: str,
+    backend: str,
+    vllm: str = VLLM,
+    extra: str = "",
+    interfaces: list[str] | None = None,
+) -> Path:
     nodes = bed.nodes[:2]
     return clusters.write_config(
-        tmp / f"{name}.yaml", name, nodes, images.VLLM, backend=backend, model=MODEL, vllm=VLLM
+        tmp / f"{name}.yaml",
+        name,
+        nodes,
+        images.VLLM,
+        backend=backend,
+        model=MODEL,
+        vllm=vllm,
+        extra=extra,
+        interfaces=interfaces,
     )
 
 
@@ -138,23 +165,182 @@ def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -
     return found
 
 
-def test_ray_backend_forms_the_real_cluster_then_names_why_vllm_cpu_stops(pair) -> None:
-    """vLLM's CPU platform refuses the Ray executor (a limit of the CPU build, not of the stack):
-    everything up to `vllm serve` is real, and `up` names that cause instead of "exited (1)"."""
+def stream(node: Node, key: str) -> list[str]:
+    """A streamed chat completion: its server-sent event lines."""
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    out = node.nsexec("curl", "-sfN", "-m", "60", url, "-H", f"Authorization: Bearer {key}",
+                      "-H", "Content-Type: application/json", "-d", json.dumps(request))  # fmt: skip
+    return [line for line in out.stdout.splitlines() if line.startswith("data: ")]
+
+
+def ray_worker_env(node: Node, project: str) -> list[dict[str, str]]:
+    """The per-node variables of each live vLLM Ray worker process in the node's Ray container."""
+    ray = clusters.containers(node, project)["ray"]
+    script = (
+        'for p in $(pgrep -f "ray::RayWorker"); do tr "\\0" "\\n" < /proc/$p/environ; echo; done'
+    )
+    out = node.docker.container.execute(ray, ["sh", "-c", script])
+    keys = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+    found = []
+    for block in str(out).split("\n\n"):
+        env = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if env:
+            found.append({k: env.get(k, "") for k in keys})
+    return found
+
+
+def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair) -> None:
+    """The reference path: vLLM's Ray executor (RayExecutorV2, vLLM 0.32's default), TP=2 over
+    both nodes, the worker's port named otherwise than the head's, and the head with an
+    "external" default route (the field failure: Ray registered that address)."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    with bed.renamed_interface(worker, TWIN), bed.external_default_route(head):
+        path = config(tmp, bed, "viaray", "ray", VLLM_RAY, interfaces=[IFNAME, TWIN])
+        up = cli("up", path, cwd=tmp)
+        assert up.returncode == 0, up.stderr
+        assert "ready: http://192.168.200.12:30000/v1" in up.stdout
+        key = clusters.api_key(path)
+        answer = chat(worker, key)
+        assert answer["usage"]["completion_tokens"] == 4
+        events = stream(worker, key)
+        assert events[-1] == "data: [DONE]" and len(events) >= 3
+        status = json.loads(cli("status", path, "--json", cwd=tmp).stdout)
+        assert [(row["node"], row["ray_alive_at_ip"]) for row in status] == [
+            ("spark1", True),
+            ("spark2", True),
+        ]
+        # vLLM's real Ray workers, one per node, each with its own node's values.
+        assert ray_worker_env(head, "viaray") == [
+            {"VLLM_HOST_IP": head.ip, "NCCL_SOCKET_IFNAME": IFNAME, "GLOO_SOCKET_IFNAME": IFNAME}
+        ]
+        assert ray_worker_env(worker, "viaray") == [
+            {"VLLM_HOST_IP": worker.ip, "NCCL_SOCKET_IFNAME": TWIN, "GLOO_SOCKET_IFNAME": TWIN}
+        ]
+        serve_log = head.docker.container.logs("viaray-serve-1")
+        assert "RayWorkerProc" in serve_log and "world_size=2" in serve_log
+        assert secret_seen_in(key, tmp, [head, worker], "viaray") == []
+
+
+def test_ray_older_executor_keeps_per_node_values_too(pair) -> None:
+    """vLLM's older Ray executor (RayDistributedExecutor) overwrites the workers' NCCL_* and
+    VLLM_* variables with the head's unless ray_non_carry_over_env_vars.json lists them (seen
+    without the list: the worker's NCCL_SOCKET_IFNAME became the head's name)."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    with bed.renamed_interface(worker, TWIN):
+        extra = 'env: {VLLM_USE_RAY_V2_EXECUTOR_BACKEND: "0"}'
+        path = config(tmp, bed, "oldexec", "ray", VLLM_RAY, extra, interfaces=[IFNAME, TWIN])
+        up = cli("up", path, cwd=tmp)
+        assert up.returncode == 0, up.stderr
+        assert chat(worker, clusters.api_key(path))["usage"]["completion_tokens"] == 4
+        serve_log = head.docker.container.logs("oldexec-serve-1")
+        assert "RayWorkerWrapper" in serve_log  # the older executor's worker class
+        assert "Overwriting environment variable NCCL_" not in serve_log
+        assert ray_worker_env(worker, "oldexec") == [
+            {"VLLM_HOST_IP": worker.ip, "NCCL_SOCKET_IFNAME": TWIN, "GLOO_SOCKET_IFNAME": TWIN}
+        ]
+
+
+def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair) -> None:
+    """TP=1 x PP=2 over two nodes: Ray places one stage per node and the engine starts, but vLLM's
+    CPU build sends pipeline tensors only through node-local shared memory, so the second stage
+    fails the first request. A limit of the CPU build (GPUs send them over NCCL), named here."""
     bed, tmp = pair
     head = bed.nodes[0]
-    path = config(tmp, bed, "viaray", "ray")
-    up = cli("up", path, "--serve-timeout", "300", "--keep-on-failure", cwd=tmp)
+    vllm = VLLM_RAY.replace(
+        "{port: 30000,", "{port: 30000, tensor_parallel_size: 1, pipeline_parallel_size: 2,"
+    )
+    path = config(tmp, bed, "viapp", "ray", vllm)
+    up = cli("up", path, "--keep-on-failure", cwd=tmp)
+    assert up.returncode == 1
+    assert "node 'spark1': phase 'serve' failed" in up.stderr
+    serve_log = head.docker.container.logs("viapp-serve-1")
+    assert "Worker_PP1" in serve_log
+    assert "assert self.intermediate_tensors is not None" in serve_log
+
+
+def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed(pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "rayw", "ray", VLLM_RAY)
+    watcher = clusters.Background(
+        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30", cwd=tmp
+    )
+    try:
+        watcher.wait_for("ready: http://192.168.200.12:30000/v1", 900)
+        watcher.wait_for("watch: ok", 120)
+        before = {n.name: clusters.containers(n, "rayw")["ray"].id for n in (head, worker)}
+        worker.docker.container.kill(before[worker.name])
+        failed = watcher.wait_for("watch: check failed (1/2)", 60)
+        assert "spark2: ray exited (exit 137)" in failed
+        watcher.wait_for("recreating the whole group", 60)
+        watcher.wait_for("watch: recovery 1 done: serving again", 900)
+        watcher.wait_for("watch: ok", 120)
+        after = {n.name: clusters.containers(n, "rayw")["ray"].id for n in (head, worker)}
+        assert set(after.values()).isdisjoint(before.values())
+        assert chat(worker, clusters.api_key(path))["choices"][0]["message"]["content"]
+    finally:
+        stopped = watcher.interrupt()
+    assert stopped == 130, watcher.output
+
+
+HOLD = """
+import ray
+ray.init(address="auto")
+
+@ray.remote(num_gpus=1, resources={"node:192.168.200.13": 0.001})
+class Hold:
+    def ping(self):
+        return 1
+
+hold = Hold.options(name="hold", lifetime="detached").remote()
+print("held", ray.get(hold.ping.remote()))
+"""
+
+
+def test_a_gpu_slot_held_in_ray_is_named_soon_after_vllms_first_placement_wait(pair) -> None:
+    """Something else in Ray holds the worker's GPU slot (a leftover actor of an earlier driver):
+    vLLM alone waits 1800 s for its placement group. `up` names the node within 10 s of vLLM's
+    first wait line (which vLLM prints after 10 s)."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "held", "ray", VLLM_RAY)
+    assert cli("secrets", path, cwd=tmp).returncode == 0  # renders, and writes them on the nodes
+    folders = tmp / "compose" / "held"
+
+    def ray_up(node: Node) -> subprocess.Popen[str]:  # as `up` runs Compose (contexts.env)
+        cmd = ["docker", "--context", node.context, "compose", "--env-file", "contexts.env"]
+        return subprocess.Popen(
+            [*cmd, "up", "-d", "--wait", "ray"], cwd=folders / node.name, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    starting = [ray_up(worker), ray_up(head)]
+    for proc in starting:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+    ray = clusters.containers(worker, "held")["ray"]
+    assert "held 1" in str(worker.docker.container.execute(ray, ["python3", "-c", HOLD]))
+
+    up = cli("up", path, cwd=tmp)
+    ended = time.time()
     assert up.returncode == 1
     assert (
-        "node 'spark1': phase 'serve' failed: serve stopped: "
-        "ValueError: current platform cpu does not support ray."
+        "node 'spark1': phase 'serve' failed: Ray cannot place vLLM's workers: "
+        "spark2 has 0 of 1 GPU slots free (held by another Ray job) (vLLM would wait 1800 s)"
     ) in up.stderr
-    # The cluster-complete gate had passed: both nodes alive in Ray at their private IPs.
-    status = json.loads(cli("status", path, "--json", cwd=tmp).stdout)
-    assert [(row["node"], row["ray_alive_at_ip"]) for row in status] == [
-        ("spark1", True),
-        ("spark2", True),
-    ]
-    serve_log = head.docker.container.logs("viaray-serve-1")
-    assert "Connected to Ray cluster." in serve_log
+    seen = re.search(
+        r"log line: .*INFO (\d\d-\d\d \d\d:\d\d:\d\d) .*Waiting for creating", up.stderr
+    )
+    assert seen, up.stderr
+    logged = datetime.strptime(f"{datetime.now(UTC).year}-{seen.group(1)}", "%Y-%m-%d %H:%M:%S")
+    after = ended - logged.replace(tzinfo=UTC).timestamp()
+    print(f"up named the node {after:.1f} s after vLLM's first placement-group wait line")
+    assert after <= 10

@@ -58,3 +58,45 @@ def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothin
         "c": "present",
     }
     assert progress == []
+
+
+def test_a_base_changed_under_its_name_gets_its_wrapper_rebuilt_on_that_node(
+    testbed: Testbed, tmp_path
+) -> None:
+    """A re-pulled or rebuilt `:latest`: the same name, another image. The wrapper's tag follows
+    the name, so the node's wrapper is checked against the base it finds there."""
+    first, second = testbed.nodes[:2]
+    old = test_images.debian_base(DockerClient())
+    new = test_images.STANDIN  # loaded on every node by the fixture; built on another base
+    moving = "vllm-compose-test/moving:latest"
+    testbed.load_image(old, nodes=[first, second])
+    for node in (first, second):
+        node.docker.image.tag(old, moving)
+    cluster = config.parse(
+        f"name: moving\nimage: {moving}\naccelerator: none\ninterface: {IFNAME}\n"
+        f"backend: native\nnodes: [{{name: a, ip: {first.ip}, context: {first.context}}},"
+        f" {{name: b, ip: {second.ip}, context: {second.context}}}]\nmodel: {{path: {MODELS}}}\n"
+    )
+    output.apply(output.plan(render.render(cluster, "moving.yaml"), tmp_path))
+    tag = render.wrapper_tag(cluster)
+    targets = [
+        images.Target("a", first.docker, tmp_path / "a"),
+        images.Target("b", second.docker, tmp_path / "b"),
+    ]
+    try:
+        for node in (first, second):
+            with contextlib.suppress(Exception):
+                node.docker.image.remove(tag, force=True)
+        assert images.distribute(targets, tag, moving, print) == {"a": "built", "b": "built"}
+        first.docker.image.tag(new, moving)  # `docker pull` brought a new :latest to node a
+        assert images.distribute(targets, tag, moving, print) == {"a": "rebuilt", "b": "present"}
+        layers = first.docker.image.inspect(tag).root_fs.layers
+        base = first.docker.image.inspect(new).root_fs.layers
+        assert layers[: len(base)] == base
+        assert images.distribute(targets, tag, moving, print) == {"a": "present", "b": "present"}
+    finally:
+        for node in (first, second):
+            with contextlib.suppress(Exception):
+                node.docker.image.remove(tag, force=True)
+            with contextlib.suppress(Exception):
+                node.docker.image.remove(moving)

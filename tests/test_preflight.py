@@ -99,6 +99,8 @@ def test_a_healthy_pair_passes_every_check() -> None:
          "fails"),
         ("spark-2", {"rdma": {"rocep1s0f1/1": "DOWN"}},
          "rdma spark-2: RDMA ports not active: rocep1s0f1/1"),
+        ("spark-2", {"rdma": {}},
+         "rdma spark-2: profile dgx-spark needs RDMA and the node has no RDMA device"),
     ],
 )  # fmt: skip
 def test_each_fault_is_named_alone(node: str, change: dict[str, Any], expected: str) -> None:
@@ -124,6 +126,16 @@ def test_the_api_port_taken_by_this_stacks_own_serve_passes() -> None:
     found["spark-1"]["api_port_free"] = False
     checks = preflight.evaluate(SAMPLE, found, {"spark-1": BASE, "spark-2": BASE}, serving=True)
     assert [c.cause for c in checks if c.name == "api-port"] == ["port 30000 is this stack's serve"]
+
+
+def test_no_rdma_is_only_a_skip_where_the_profile_needs_none() -> None:
+    generic = SAMPLE.model_copy(update={"profile": "generic"})
+    found = healthy()
+    found["spark-2"]["rdma"] = {}
+    checks = preflight.evaluate(generic, found, {"spark-1": BASE, "spark-2": BASE})
+    assert [(c.status, c.cause) for c in checks if c.name == "rdma" and c.node == "spark-2"] == [
+        ("skip", "no RDMA devices: NCCL uses TCP sockets")
+    ]
 
 
 def test_native_backend_and_no_accelerator_skip_what_does_not_apply() -> None:

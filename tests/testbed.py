@@ -240,6 +240,30 @@ class Testbed:
     def remove_external_default_route(self, node: Node) -> None:
         node.nsexec("ip", "link", "del", "ext0", check=False)
 
+    @contextlib.contextmanager
+    def external_default_route(self, node: Node) -> Iterator[None]:
+        self.add_external_default_route(node)
+        try:
+            yield
+        finally:
+            self.remove_external_default_route(node)
+
+    @contextlib.contextmanager
+    def renamed_interface(self, node: Node, name: str) -> Iterator[None]:
+        """The node's private-link interface under another name for the block (real nodes name
+        their ports differently: the DGX Spark's twins are enp1s0f1np1 and enP2p1s0f1np1). Its
+        address stays; the kernel restores the subnet's route when the link comes back up."""
+        self._rename(node, IFNAME, name)
+        try:
+            yield
+        finally:
+            self._rename(node, name, IFNAME)
+
+    def _rename(self, node: Node, old: str, new: str) -> None:
+        node.nsexec("ip", "link", "set", old, "down")
+        node.nsexec("ip", "link", "set", old, "name", new)
+        node.nsexec("ip", "link", "set", new, "up")
+
     def undrop(self, node: Node, peer_ip: str) -> None:
         node.nsexec("iptables", "-D", "INPUT", "-s", peer_ip, "-j", "DROP", check=False)
 

@@ -1,0 +1,128 @@
+"""By hand, per node, with nothing but the rendered folder: `vllm-compose render` once, then plain
+`docker compose up -d` in each node's folder against that node's engine, with real vLLM. No
+vllm-compose command runs after render; the API key comes from the folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import clusters, images
+from tests.clusters import cli
+from tests.test_e2e import MODEL, VLLM, VLLM_RAY
+from tests.testbed import Node, Testbed
+
+pytestmark = pytest.mark.testbed
+
+URL = "http://192.168.200.12:30000/v1/chat/completions"
+
+
+@pytest.fixture
+def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield vllm_testbed, tmp_path
+    vllm_testbed.remove_containers()
+
+
+def compose(node: Node, folder: Path, *args: str) -> subprocess.Popen[str]:
+    """Plain `docker compose ARGS` in the node's folder, against the node's engine."""
+    return subprocess.Popen(
+        ["docker", "--context", node.context, "compose", *args],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def done(proc: subprocess.Popen[str], seconds: float = 900) -> str:
+    out, _ = proc.communicate(timeout=seconds)
+    assert proc.returncode == 0, out
+    return out
+
+
+def answered(node: Node, folder: Path, seconds: float = 600) -> dict:
+    """A chat completion from `node`, with the key the head's folder holds; retried (every 3 s,
+    at most `seconds`) while the model loads."""
+    key = (folder / "secrets" / "api-key").read_text().strip()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    request = ["curl", "-sf", "-m", "30", URL, "-H", f"Authorization: Bearer {key}"]
+    request += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    deadline = time.monotonic() + seconds
+    while True:
+        out = node.nsexec(*request, check=False)
+        if out.returncode == 0:
+            return dict(json.loads(out.stdout))
+        assert time.monotonic() < deadline, f"no answer in {seconds:g} s: {out.stderr}"
+        time.sleep(3)
+
+
+def listed_healthy(node: Node, folder: Path, seconds: float = 60) -> str:
+    """`docker compose ps` once it shows serve healthy (its check runs every 15 s): polled every
+    3 s, at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        listed = done(compose(node, folder, "ps"))
+        serve = [line for line in listed.splitlines() if "-serve-" in line]
+        if serve and "(healthy)" in serve[0]:
+            return serve[0]
+        assert time.monotonic() < deadline, listed
+        time.sleep(3)
+
+
+def down(head: Node, worker: Node, folders: Path, backend: str) -> None:
+    """`docker compose down` in each folder removes that node's containers; like every named
+    volume, the Ray head's shared temp folder stays until `down -v`."""
+    for node in (head, worker):
+        done(compose(node, folders / node.name, "down"))
+    kept = ["volume byhand_shared-tmp"] if backend == "ray" else []
+    assert clusters.leftovers(head, "byhand") == kept
+    assert clusters.leftovers(worker, "byhand") == []
+    done(compose(head, folders / head.name, "down", "-v"))
+    assert clusters.leftovers(head, "byhand") == []
+
+
+@pytest.mark.parametrize("backend", ["native", "ray"])
+def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere(
+    pair, backend: str
+) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = clusters.write_config(
+        tmp / "byhand.yaml",
+        "byhand",
+        [head, worker],
+        images.VLLM,
+        backend=backend,
+        model=MODEL,
+        vllm=VLLM_RAY if backend == "ray" else VLLM,
+    )
+    rendered = cli("render", path, cwd=tmp)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "(secret: mode 0600, contents never shown)" in rendered.stdout
+    folders = tmp / "compose" / "byhand"
+
+    # Worker first, then the head (whose Ray gate holds serve until the worker has joined).
+    done(compose(worker, folders / "spark2", "up", "-d"))
+    done(compose(head, folders / "spark1", "up", "-d"))
+    assert answered(worker, folders / "spark1")["usage"]["completion_tokens"] == 4
+    assert "(healthy)" in listed_healthy(head, folders / "spark1")
+    down(head, worker, folders, backend)
+
+    # The folders copied elsewhere, the originals and the config's files gone: nothing in them
+    # points back. Head first this time; its `up -d` waits for the worker to join.
+    elsewhere = tmp / "elsewhere"
+    shutil.copytree(folders, elsewhere)
+    shutil.rmtree(tmp / "compose")
+    for leftover in tmp.glob("byhand.*"):
+        leftover.unlink()
+    starting = compose(head, elsewhere / "spark1", "up", "-d")
+    done(compose(worker, elsewhere / "spark2", "up", "-d"))
+    done(starting)
+    assert answered(worker, elsewhere / "spark1")["usage"]["completion_tokens"] == 4
+    down(head, worker, elsewhere, backend)
