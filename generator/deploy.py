@@ -114,7 +114,8 @@ class Deployment:
             self._phase(result, "preflight", self._preflight_passes)
         try:
             self._start(result, timeouts)
-        except VllmComposeError:
+        except VllmComposeError as e:
+            self.report(f"failed: {e.message}")  # the cause now, not after the rollback
             if not keep_on_failure:
                 self.report("rolling back: taking the group down on every node")
                 for node, outcome in self.down().items():

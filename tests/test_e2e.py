@@ -139,14 +139,27 @@ def chat(node: Node, key: str) -> dict:
     return json.loads(out.stdout)
 
 
+def _secret_copy(path: Path) -> bool:
+    """A node folder's copy of a secret (render puts it there so the folder starts by itself):
+    only in secrets/, mode 0600, in a folder of mode 0700."""
+    if path.parent.name != "secrets":
+        return False
+    assert path.stat().st_mode & 0o777 == 0o600, path
+    assert path.parent.stat().st_mode & 0o777 == 0o700, path.parent
+    return True
+
+
 def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -> list[str]:
     """Every place the secret must never be, that holds it: the files written beside the config
-    (but the key file itself), `docker inspect` and the logs of the project's containers, and the
-    command lines of every process in them."""
+    (but the key file itself and the node folders' secrets/ copies), `docker inspect` and the logs
+    of the project's containers, and the command lines of every process in them."""
     found = [
         str(p)
         for p in folder.rglob("*")
-        if p.is_file() and p.name != f"{project}.api-key" and secret.encode() in p.read_bytes()
+        if p.is_file()
+        and p.name != f"{project}.api-key"
+        and not _secret_copy(p)
+        and secret.encode() in p.read_bytes()
     ]
     for node in nodes:
         for service, container in clusters.containers(node, project).items():
@@ -183,7 +196,7 @@ def ray_worker_env(node: Node, project: str) -> list[dict[str, str]]:
     """The per-node variables of each live vLLM Ray worker process in the node's Ray container."""
     ray = clusters.containers(node, project)["ray"]
     script = (
-        'for p in $(pgrep -f "ray::RayWorker"); do tr "\\0" "\\n" < /proc/$p/environ; echo; done'
+        'for p in $(pgrep -f "^ray::RayWorker"); do tr "\\0" "\\n" < /proc/$p/environ; echo; done'
     )
     out = node.docker.container.execute(ray, ["sh", "-c", script])
     keys = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -329,18 +342,19 @@ def test_a_gpu_slot_held_in_ray_is_named_soon_after_vllms_first_placement_wait(p
     ray = clusters.containers(worker, "held")["ray"]
     assert "held 1" in str(worker.docker.container.execute(ray, ["python3", "-c", HOLD]))
 
-    up = cli("up", path, cwd=tmp)
-    ended = time.time()
-    assert up.returncode == 1
-    assert (
-        "node 'spark1': phase 'serve' failed: Ray cannot place vLLM's workers: "
+    up = clusters.Background("up", path, cwd=tmp)
+    named = up.wait_for("failed: node 'spark1': phase 'serve' failed", 300)
+    named_at = time.time()
+    assert up.wait(300) == 1
+    assert named.strip() == (
+        "failed: node 'spark1': phase 'serve' failed: Ray cannot place vLLM's workers: "
         "spark2 has 0 of 1 GPU slots free (held by another Ray job) (vLLM would wait 1800 s)"
-    ) in up.stderr
-    seen = re.search(
-        r"log line: .*INFO (\d\d-\d\d \d\d:\d\d:\d\d) .*Waiting for creating", up.stderr
     )
-    assert seen, up.stderr
+    seen = re.search(
+        r"log line: .*INFO (\d\d-\d\d \d\d:\d\d:\d\d) .*Waiting for creating", up.output
+    )
+    assert seen, up.output
     logged = datetime.strptime(f"{datetime.now(UTC).year}-{seen.group(1)}", "%Y-%m-%d %H:%M:%S")
-    after = ended - logged.replace(tzinfo=UTC).timestamp()
+    after = named_at - logged.replace(tzinfo=UTC).timestamp()
     print(f"up named the node {after:.1f} s after vLLM's first placement-group wait line")
     assert after <= 10
