@@ -44,8 +44,16 @@ def test_render_reports_create_then_identical_then_overwrite(tmp_path: Path) -> 
     assert "identical  compose/qwen35/spark-1/Dockerfile" in third.stdout
 
 
+def case(name: str, folder: Path) -> Path:
+    """A copy of a case config in the test's own folder: render writes the secret files beside
+    the config, never into the source tree."""
+    copy = folder / name
+    copy.write_text((CASES / name).read_text())
+    return copy
+
+
 def test_dry_run_shows_a_diff_and_writes_nothing(tmp_path: Path) -> None:
-    run("render", str(CASES / "sample.yaml"), "-o", str(tmp_path / "out"))
+    run("render", str(case("sample.yaml", tmp_path)), "-o", str(tmp_path / "out"))
     before = (tmp_path / "out/spark-1/compose.yaml").read_text()
     changed = tmp_path / "c.yaml"
     changed.write_text((CASES / "sample.yaml").read_text().replace("WARN", "INFO"))
@@ -71,7 +79,7 @@ def test_broken_config_exits_2_with_one_line_per_problem_and_writes_nothing(tmp_
 
 
 def test_a_node_removed_from_the_config_is_reported_not_deleted(tmp_path: Path) -> None:
-    run("render", str(CASES / "sample.yaml"), "-o", str(tmp_path))
+    run("render", str(case("sample.yaml", tmp_path)), "-o", str(tmp_path))
     one = tmp_path / "one.yaml"
     one.write_text(
         (CASES / "sample.yaml")
