@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -9,23 +10,26 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from python_on_whales import DockerException
 from rich.console import Console
 
 from generator import (
     __version__,
     config,
-    deploy,
-    errors,
     lock,
+    observe,
     output,
     reference,
-    render,
     secrets,
+    sync,
     units,
+    workflow,
 )
+from generator import checks as checking
 from generator import preflight as preflight_checks
 from generator import watch as watching
-from generator.errors import DockerError, VllmComposeError
+from generator.deploy import Timeouts
+from generator.errors import DockerError, VllmComposeError, reason
 
 app = typer.Typer(
     help="Render and run per-node Docker Compose stacks for one vLLM model across several nodes.",
@@ -33,8 +37,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The cluster config (YAML).", show_default=False)]
 UpdateLockOpt = Annotated[
@@ -43,8 +47,7 @@ UpdateLockOpt = Annotated[
 OutdirOpt = Annotated[
     Path | None, typer.Option("-o", "--output", help="Compose folders \\[default: compose/NAME].")
 ]
-
-
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 IntervalOpt = Annotated[float, typer.Option(min=1, help="watch: seconds between checks.")]
 DeadlineOpt = Annotated[
     float, typer.Option(min=1, help="watch: seconds the canary completion may take.")
@@ -64,128 +67,60 @@ BackoffOpt = Annotated[
 DEFAULT = watching.Policy()
 
 
-def _load(path: Path) -> config.Cluster:
-    cluster = config.load(path)
-    for warning in config.warnings(cluster):
-        err.print(f"warning: {warning}", markup=False)
-    return cluster
-
-
 def _progress(line: str) -> None:
-    err.print(f"  {line}", markup=False)
+    err.print(f"  {line}")
 
 
-def _render(
-    path: Path,
-    cluster: config.Cluster,
-    outdir: Path | None,
-    dry_run: bool = False,
-    quiet: bool = True,
-    found: secrets.Local | None = None,
-) -> Path:
-    """Render and write the node folders; with `found`, each carries its secret files."""
-    target = outdir or Path("compose") / cluster.name
-    contents = (
-        {name: p.read_text(encoding="utf-8") for name, p in found.files.items()} if found else None
-    )
-    files = render.render(cluster, path.name, contents)
-    changes = output.plan(files, target)
-    # As a step of another command, what changed goes to stderr: stdout stays that command's
-    # (`status --json`, `preflight --json`).
-    shown = err if quiet else out
-    for change in changes:
-        if not (quiet and change.action == "identical"):
-            secret = "  (secret: mode 0600, contents never shown)" if change.file.secret else ""
-            action = f"{'would ' if dry_run else ''}{change.action:>9}"
-            shown.print(f"{action}  {change.path}{secret}", markup=False)
-        if dry_run and change.action != "identical":
-            out.print(change.diff(), end="", markup=False)
-    for folder in output.stale(files, target):
-        err.print(
-            f"note: {folder} is not a node of {cluster.name} any more; left as it is", markup=False
-        )
-    if not dry_run:
-        output.apply(changes)
-    return target
+# What a command opened (a read-only command's temporary compose folder), closed by main().
+_resources = contextlib.ExitStack()
 
 
-def _deployment(
-    path: Path,
-    outdir: Path | None,
-    strict: bool = False,
-    update_lock: bool = False,
-    with_secrets: bool = False,
-) -> deploy.Deployment:
-    """The deployment of the config, pinned by its lock when it has one. `strict` (commands that
-    start things): a config changed since its lock is an error; `update_lock` re-locks first;
-    `with_secrets`: the secret files beside the config (the defaults generated when missing) go
-    into the node folders and onto the nodes."""
-    cluster = _load(path)
-    locked = _lock(path, cluster, outdir) if update_lock else lock.read(path)
-    cluster, locked = _pinned(path, cluster, locked, strict)
-    found = _secrets(path, cluster) if with_secrets else None
-    deployment = deploy.Deployment(
-        cluster,
-        _render(path, cluster, outdir, found=found),
-        _progress,
-        locked,
-        lock.path_for(path),
-        accept_drift=update_lock,
-    )
-    deployment.secret_files = found.files if found else {}
-    return deployment
+def _opened(path: Path, outdir: Path | None, **how: Any) -> workflow.Opened:
+    opened = _resources.enter_context(workflow.opened(path, outdir, _progress, **how))
+    _show(opened)
+    return opened
 
 
-def _pinned(
-    path: Path, cluster: config.Cluster, locked: lock.Lock | None, strict: bool
-) -> tuple[config.Cluster, lock.Lock | None]:
-    """The cluster with its base image named by the lock's ID, when there is a lock. `strict`:
-    a config changed since its lock is an error."""
-    if not locked:
-        return cluster, None
-    drift = lock.config_drift(cluster, locked) if strict else []
-    if drift:
-        raise errors.DriftError(drift, lock.path_for(path))
-    return lock.pinned(cluster, locked), locked
+def _show(opened: workflow.Opened) -> None:
+    """What opening the config did: warnings, generated secrets, files changed (on stderr:
+    stdout stays the command's, `status --json`)."""
+    for warning in config.warnings(opened.cluster):
+        err.print(f"warning: {warning}")
+    if opened.secrets:
+        _generated(opened.secrets)
+    if opened.secrets is None:
+        return  # rendered into a temporary folder
+    for change in opened.plan.changes:
+        if change.action != "identical":
+            err.print(_change_line(change, dry_run=False))
+    for folder in opened.plan.stale:
+        err.print(f"note: {folder} is not a node of {opened.cluster.name} any more; left as it is")
 
 
-def _secrets(path: Path, cluster: config.Cluster) -> secrets.Local:
-    found = secrets.local(path, cluster)
+def _generated(found: secrets.Local) -> None:
     if "api_key" in found.generated:
         err.print(
             f"api key: generated {found.generated['api_key']} (mode 0600); clients send it as"
-            " 'Authorization: Bearer <key>'",
-            markup=False,
+            " 'Authorization: Bearer <key>'"
         )
     if "ray_token" in found.generated:
         err.print(
             f"ray token: generated {found.generated['ray_token']} (mode 0600); Ray's nodes"
-            " authenticate with it",
-            markup=False,
+            " authenticate with it"
         )
-    return found
 
 
-def _lock(path: Path, cluster: config.Cluster, outdir: Path | None) -> lock.Lock:
-    found = _secrets(path, cluster)
-    deployment = deploy.Deployment(cluster, _render(path, cluster, outdir, found=found), _progress)
-    deployment.secret_files = found.files
-    resolved = deployment.resolve()
-    written = lock.write(path, resolved)
-    files = resolved["model"]["files"]
-    size = sum(f["size"] for f in files.values())
-    out.print(f"locked {written}: {cluster.image} = {resolved['image']['id']}")
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(resolved["versions"].items()) if v)
-    out.print(f"  versions: {versions}")
-    revision = resolved["model"]["revision"] or "none (not an HF cache snapshot)"
-    out.print(f"  model: {len(files)} files, {size / 1e9:.2f} GB, revision {revision}")
-    return resolved
+def _change_line(change: output.Change, dry_run: bool) -> str:
+    secret = "  (secret: mode 0600, contents never shown)" if change.file.secret else ""
+    return f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}{secret}"
 
 
 @app.command()
 def validate(path: ConfigArg) -> None:
     """Check a config; print the nodes and their roles."""
-    c = _load(path)
+    c = config.load(path)
+    for warning in config.warnings(c):
+        err.print(f"warning: {warning}")
     parallel = f"TP {c.tensor_parallel_size} x PP {c.vllm.pipeline_parallel_size}"
     out.print(f"{path}: valid; backend {c.backend}, {parallel} over {c.gpu_total} GPUs")
     for node in c.nodes:
@@ -205,11 +140,23 @@ def render_cmd(
     """Render one compose folder per node: compose.yaml, the wrapper's build context and the
     secret files its stack uses (secrets/, mode 0600), so the folder alone starts with
     `docker compose up -d` on its node."""
-    cluster, _ = _pinned(path, _load(path), lock.read(path), strict=True)
-    found = secrets.local(path, cluster, generate=False) if dry_run else _secrets(path, cluster)
-    for name, missing in (found.missing if dry_run else {}).items():
-        out.print(f"would generate {missing} ({name}, mode 0600)", markup=False)
-    _render(path, cluster, outdir, dry_run, quiet=False, found=found)
+    c = config.load(path)
+    for warning in config.warnings(c):
+        err.print(f"warning: {warning}")
+    cluster, _ = workflow.pinned(path, c, strict=True)
+    found = secrets.local(path, cluster, generate=not dry_run)
+    _generated(found)
+    for name, missing in found.missing.items():
+        out.print(f"would generate {missing} ({name}, mode 0600)")
+    plan = workflow.plan(path, cluster, outdir, found)
+    for change in plan.changes:
+        out.print(_change_line(change, dry_run))
+        if dry_run and change.action != "identical":
+            out.print(change.diff(), end="")
+    for folder in plan.stale:
+        err.print(f"note: {folder} is not a node of {cluster.name} any more; left as it is")
+    if not dry_run:
+        output.apply(plan.changes)
 
 
 @app.command()
@@ -240,16 +187,20 @@ def up(
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. A start phase that fails takes the group down again. With a lock beside the config,
     the locked image and model or an error."""
-    deployment = _deployment(path, outdir, strict=True, update_lock=update_lock, with_secrets=True)
-    timeouts = deploy.Timeouts(join=join_timeout, serve=serve_timeout)
-    result = deployment.up(timeouts, checks=not skip_preflight, keep_on_failure=keep_on_failure)
+    timeouts = Timeouts(join=join_timeout, serve=serve_timeout)
+    opened = _opened(
+        path, outdir, strict=True, update_lock=update_lock, with_secrets=True, timeouts=timeouts
+    )
+    if update_lock and opened.locked:
+        _locked(opened.locked, path)
+    result = opened.deployment.up(checks=not skip_preflight, keep_on_failure=keep_on_failure)
     for node, what in result.images.items():
         out.print(f"image on {node}: {what}")
     out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
-    out.print(f"ready: {result.endpoint}", markup=False)
+    out.print(f"ready: {result.endpoint}")
     if and_watch:
         policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
-        _watch(deployment, policy, timeouts)
+        _watch(opened, policy)
 
 
 @app.command()
@@ -265,60 +216,54 @@ def watch(
     """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
     nodes and a real completion; on failure recreate the whole group in order, with back-off;
     after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
-    deployment = _deployment(path, outdir, strict=True, with_secrets=True)
-    policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
-    _watch(deployment, policy, deploy.Timeouts())
+    opened = _opened(path, outdir, strict=True, with_secrets=True)
+    _watch(opened, watching.Policy(interval, deadline, failures, max_recoveries, backoff))
 
 
-def _watch(
-    deployment: deploy.Deployment, policy: watching.Policy, timeouts: deploy.Timeouts
-) -> None:
+def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
     def report(line: str) -> None:
-        err.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False)
+        err.print(f"{time.strftime('%H:%M:%S')} {line}")
 
-    group = _Recreating(deployment, timeouts)
     report(
         f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"
         f" Ctrl-C stops watching and leaves the group as it is"
     )
     try:
-        watching.watch(group, policy, report)
+        watching.watch(opened.deployment, policy, report)
     except KeyboardInterrupt:
         report("watch: stopped; the group is left as it is")
         raise typer.Exit(130) from None
 
 
-class _Recreating:
-    """The deployment as watch sees it: recreate with the command's timeouts."""
-
-    def __init__(self, deployment: deploy.Deployment, timeouts: deploy.Timeouts) -> None:
-        self.deployment, self.timeouts = deployment, timeouts
-
-    def problems(self, deadline: float) -> list[str]:
-        return self.deployment.problems(deadline)
-
-    def recreate(self) -> object:
-        return self.deployment.recreate(self.timeouts)
-
-    def down(self) -> dict[str, str]:
-        return self.deployment.down()
-
-
 @app.command("secrets")
 def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write the secret files (the API key, generated beside the config when missing, and the HF
-    token) onto every node that needs them, as `up` does; for stacks started by hand."""
-    deployment = _deployment(path, outdir, with_secrets=True)
-    deployment.secrets_onto_nodes()
-    for node in deployment.cluster.nodes:
-        out.print(f"{node.name}: secrets written", markup=False)
+    token) onto every node that needs them, as `up` does; for stacks started over contexts."""
+    fleet = _opened(path, outdir, with_secrets=True).fleet
+    fleet.contexts_answer()
+    fleet.images()
+    fleet.push_secrets()
+    for node in fleet.cluster.nodes:
+        out.print(f"{node.name}: secrets written")
 
 
 @app.command("lock")
 def lock_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write CONFIG's lock beside it: the base image's ID, the versions inside it, the model's
     manifest (every file hashed on the head), the config's hash. render and up then use it."""
-    _lock(path, _load(path), outdir)
+    found = secrets.local(path, config.load(path))
+    _generated(found)
+    _locked(workflow.relock(path, outdir, _progress, found), path)
+
+
+def _locked(resolved: lock.Lock, path: Path) -> None:
+    files = resolved.model.files
+    size = sum(f.size for f in files.values())
+    out.print(f"locked {lock.path_for(path)}: {resolved.image.ref} = {resolved.image.id}")
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(resolved.versions.items()) if v)
+    out.print(f"  versions: {versions}")
+    revision = resolved.model.revision or "none (not an HF cache snapshot)"
+    out.print(f"  model: {len(files)} files, {size / 1e9:.2f} GB, revision {revision}")
 
 
 @app.command("sync-model")
@@ -331,14 +276,15 @@ def sync_model(
 ) -> None:
     """Copy the model from the head (or --from) to the same path on every other node, node to
     node; verified file by file against the manifest (the lock's, when there is one)."""
-    deployment = _deployment(path, outdir, strict=True)
-    nodes = {n.name: n for n in deployment.cluster.nodes}
+    opened = _opened(path, outdir, strict=True, with_secrets=True)
+    nodes = {n.name: n for n in opened.cluster.nodes}
     if source is not None and source not in nodes:
         raise VllmComposeError(f"no node '{source}' in {path}", f"nodes: {', '.join(nodes)}")
-    outcomes = deployment.sync_model(nodes[source] if source else deployment.cluster.head)
+    chosen = nodes[source] if source else opened.cluster.head
+    outcomes = sync.sync_model(opened.fleet, chosen, opened.locked)
     for node, outcome in outcomes.items():
         what = outcome.error or f"{units.size(outcome.moved)} moved, {outcome.kept} files kept"
-        out.print(f"{node}: {'FAILED: ' if outcome.error else ''}{what}", markup=False)
+        out.print(f"{node}: {'FAILED: ' if outcome.error else ''}{what}")
     failed = [node for node, outcome in outcomes.items() if outcome.error]
     if failed:
         raise VllmComposeError(
@@ -348,22 +294,18 @@ def sync_model(
 
 
 @app.command()
-def preflight(
-    path: ConfigArg,
-    outdir: OutdirOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
+def preflight(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
     """Check every node before starting: contexts, interface and IP, reach between every pair,
     one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
     Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
-    checks, seconds = _deployment(path, outdir, with_secrets=True).preflight()
+    checks, seconds = preflight_checks.run(_opened(path, outdir, with_secrets=True).fleet)
     failures = [c for c in checks if c.status == "fail"]
     if as_json:
-        out.print(preflight_checks.as_json(checks), markup=False)
+        out.print(checking.as_json(checks))
     else:
         for check in checks:
-            out.print(check.line(), markup=False)
-        out.print(f"{len(checks)} checks in {seconds:.1f} s: {len(failures)} failed", markup=False)
+            out.print(check.line())
+        out.print(f"{len(checks)} checks in {seconds:.1f} s: {len(failures)} failed")
     if failures:
         first = failures[0]
         raise VllmComposeError(
@@ -374,7 +316,7 @@ def preflight(
 @app.command()
 def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Stop and remove the stack on every node, in parallel, volumes included."""
-    outcome = _deployment(path, outdir).down()
+    outcome = _opened(path, outdir).fleet.down()
     for node, what in outcome.items():
         out.print(f"{node}: {what}")
     failed = [node for node, what in outcome.items() if what != "removed"]
@@ -383,25 +325,20 @@ def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 
 
 @app.command()
-def status(
-    path: ConfigArg,
-    outdir: OutdirOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
+def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
     """Per node: its services and their health, and whether Ray sees the node at its IP."""
-    rows = _deployment(path, outdir).status()
+    rows = observe.status(_opened(path, outdir).fleet)
     if as_json:
-        out.print(json.dumps(rows, indent=2), markup=False)
+        out.print(json.dumps([r.model_dump(exclude_unset=True) for r in rows], indent=2))
         return
     for row in rows:
-        out.print(_status_line(row), markup=False)
-        for s in row["services"]:
-            health = f", {s['health']}" if s["health"] else ""
-            out.print(f"  {s['service']}: {s['state']}{health}", markup=False)
+        out.print(_status_line(row))
+        for s in row.services:
+            out.print(f"  {s.service}: {s.state}{f', {s.health}' if s.health else ''}")
 
 
-def _status_line(row: dict[str, Any]) -> str:
-    alive = row.get("ray_alive_at_ip")
+def _status_line(row: observe.StatusRow) -> str:
+    alive = row.ray_alive_at_ip
     ray = (
         ""
         if alive is None
@@ -409,8 +346,8 @@ def _status_line(row: dict[str, Any]) -> str:
         if alive
         else ", NOT alive in Ray at its IP"
     )
-    line = f"{row['node']} ({row['ip']}){ray}"
-    return f"{line}: unreachable: {row['error']}" if "error" in row else line
+    line = f"{row.node} ({row.ip}){ray}"
+    return f"{line}: unreachable: {row.error}" if row.error else line
 
 
 @app.command()
@@ -421,12 +358,12 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
 ) -> None:
     """Logs of every node's services, merged, each line prefixed by its node."""
-    deployment = _deployment(path, outdir)
-    names = [n.name for n in deployment.cluster.nodes]
+    fleet = _opened(path, outdir).fleet
+    names = [n.name for n in fleet.cluster.nodes]
     if node is not None and node not in names:
         raise VllmComposeError(f"no node '{node}' in {path}", f"nodes: {', '.join(names)}")
-    for line in deployment.logs(node, follow):
-        out.print(line, markup=False)
+    for line in observe.logs(fleet, node, follow):
+        out.print(line)
 
 
 @app.command()
@@ -436,7 +373,7 @@ def schema(
     ] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""
-    out.print(reference.markdown() if markdown else reference.schema(), end="", markup=False)
+    out.print(reference.markdown() if markdown else reference.schema(), end="")
 
 
 @app.command()
@@ -450,5 +387,10 @@ def main() -> None:
         app()
     except VllmComposeError as e:
         for line in e.lines():
-            err.print(line, markup=False)
+            err.print(line)
         sys.exit(e.exit_code)
+    except DockerException as e:  # one that no layer named: still one line, never a traceback
+        err.print(f"docker failed: {reason(e)}")
+        sys.exit(1)
+    finally:
+        _resources.close()

@@ -10,9 +10,8 @@ import hashlib
 import json
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -22,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from generator import rules, validation
 from generator.errors import ConfigError
 from generator.profiles import PROFILES, Profile, ProfileName
 
@@ -32,36 +32,11 @@ ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 IMAGE = r"^[a-z0-9][a-z0-9._/:-]{0,254}(@sha256:[0-9a-f]{64})?$"
 ABS_PATH = r"^/[^\x00-\x1f:]*$"
 
-# Values vllm-compose derives per node; setting them by hand would make nodes disagree.
-PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-# NCCL settings a node's own hardware decides (its RDMA devices): never copied from the head.
-PER_NODE_HARDWARE_ENV = ("NCCL_IB_HCA",)
-SECRET_ENV = {
-    "VLLM_API_KEY": "api_key_file",
-    "RAY_AUTH_TOKEN": "ray_token_file",
-    "HF_TOKEN": "hf_token_file",
-    "HUGGING_FACE_HUB_TOKEN": "hf_token_file",
-}
-MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
-RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-# `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
-NAMED_FLAGS = {
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--pipeline-parallel-size": "pipeline_parallel_size",
-    "-pp": "pipeline_parallel_size",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--max-model-len": "max_model_len",
-    "--port": "port",
-    "--served-model-name": "served_model_name",
-    "--distributed-executor-backend": "backend (top level)",
-    "--safetensors-load-strategy": "safetensors_load_strategy",
-    "--nnodes": "backend: native (derived from nodes)",
-    "--node-rank": "backend: native (derived from nodes)",
-    "--master-addr": "backend: native (derived from the head node)",
-    "--master-port": "master_port",
-    "--headless": "backend: native (derived from nodes)",
-}
+# The names the rules use, importable from here as before.
+PER_NODE_ENV = rules.PER_NODE_ENV
+PER_NODE_HARDWARE_ENV = rules.PER_NODE_HARDWARE_ENV
+MEMORY_MONITOR = rules.MEMORY_MONITOR
+warnings = rules.warnings
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -232,7 +207,7 @@ class Cluster(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
-        problems = [*_node_problems(self), *_parallel_problems(self), *_override_problems(self)]
+        problems = rules.problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -272,161 +247,7 @@ class Cluster(Strict):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _duplicates(values: list[str]) -> dict[int, int]:
-    """Index of each repeated value -> index of its first occurrence."""
-    first: dict[str, int] = {}
-    repeats = {}
-    for i, value in enumerate(values):
-        j = first.setdefault(value, i)
-        if j != i:
-            repeats[i] = j
-    return repeats
-
-
-def _node_problems(c: Cluster) -> list[str]:
-    problems = []
-    for field, values in (
-        ("name", [n.name for n in c.nodes]),
-        ("ip", [str(n.ip) for n in c.nodes]),
-        ("context", [n.docker_context for n in c.nodes]),
-    ):
-        for i, j in _duplicates(values).items():
-            problems.append(
-                f"nodes.{i}.{field}: {values[i]} is already used by node '{c.nodes[j].name}'"
-            )
-    heads = [i for i, n in enumerate(c.nodes) if n.role == "head"]
-    problems += [
-        f"nodes.{i}.role: a second head; only one node may say 'role: head'" for i in heads[1:]
-    ]
-    problems += [
-        f"nodes.{i}.interface: no interface for node '{n.name}'; set `interface` at the top level"
-        " or on the node"
-        for i, n in enumerate(c.nodes)
-        if not c.interface_of(n)
-    ]
-    return problems
-
-
-def _parallel_problems(c: Cluster) -> list[str]:
-    tp, pp = c.tensor_parallel_size, c.vllm.pipeline_parallel_size
-    if tp * pp > c.gpu_total:
-        return [
-            f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} GPUs asked for,"
-            f" the nodes have {c.gpu_total}"
-        ]
-    return []
-
-
-def _override_problems(c: Cluster) -> list[str]:
-    problems = [
-        f"env.{key}: set per node by vllm-compose from nodes[].ip / interface; remove it here"
-        for key in PER_NODE_ENV
-        if key in c.env
-    ]
-    problems += [
-        f"env.{key}: a secret in env shows in `docker inspect`; put it in the file "
-        f"secrets.{field} names"
-        for key, field in SECRET_ENV.items()
-        if key in c.env
-    ]
-    problems += [
-        f"env.{key}: set by vllm-compose from ray.token_auth; set that instead"
-        for key in RAY_AUTH_ENV
-        if key in c.env
-    ]
-    if c.backend == "ray" and "VLLM_CONFIG_ROOT" in c.env:
-        problems.append(
-            "env.VLLM_CONFIG_ROOT: set by vllm-compose (backend ray): it holds the list that keeps"
-            " per-node variables on their node; remove it here"
-        )
-    for i, arg in enumerate(c.vllm.args):
-        if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
-            problems.append(
-                f"vllm.args.{i}: a secret on the command line shows in `ps` and `docker inspect`;"
-                " use secrets.api_key_file / secrets.hf_token_file"
-            )
-        flag = arg.split("=", 1)[0]
-        if flag in NAMED_FLAGS:
-            problems.append(
-                f"vllm.args.{i}: {flag} has a named field ({NAMED_FLAGS[flag]}); set it there"
-            )
-    return problems
-
-
-def warnings(c: Cluster) -> list[str]:
-    """Allowed but risky settings, shown by validate and render."""
-    found = []
-    if c.backend == "ray" and c.env.get(MEMORY_MONITOR, "0") != "0":
-        found.append(
-            f"env.{MEMORY_MONITOR}: overriding the default 0 re-enables Ray's memory monitor,"
-            " which kills workers during weight loading on unified-memory GPUs"
-        )
-    if c.backend == "ray" and not c.ray.token_auth:
-        found.append(
-            "ray.token_auth: off; Ray's GCS and node ports listen on every address of every node"
-            " and run whatever anyone who reaches them sends"
-        )
-    if "--trust-remote-code" in c.vllm.args:
-        found.append("vllm.args: --trust-remote-code runs code from the model repository")
-    return found
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; a config with one is almost always a mistake."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def parse(text: str, source: str = "config") -> Cluster:
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(source, [f"{where}{e.problem}"]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(source, [f"not valid YAML: {e}"]) from None
-    if not isinstance(data, dict):
-        raise ConfigError(source, ["the file must hold a mapping (name: ..., nodes: ...)"])
-    try:
-        return Cluster.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(source, _problems(e)) from None
-
-
-def load(path: Path) -> Cluster:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(str(path), [f"cannot read it: {e}"]) from None
-    return parse(text, str(path))
-
-
-def _problems(error: ValidationError) -> list[str]:
-    lines = []
-    for err in error.errors(include_url=False):
-        where = ".".join(str(part) for part in err["loc"])
-        if err["type"] == "value_error" and not where:
-            lines += str(err["ctx"]["error"]).splitlines()
-        elif err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key{_known_keys(err['loc'])}")
-        else:
-            lines.append(f"{where}: {_message(err)}")
-    return lines
-
-
+# How a pattern mismatch is explained, per pattern.
 _PATTERN_HINTS = {
     NAME: "use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
     IFNAME: "an interface name has 1-15 letters, digits, '_', '.', ':' or '-'",
@@ -437,26 +258,17 @@ _PATTERN_HINTS = {
 }
 
 
-def _message(err: Any) -> str:
-    shown = repr(err["input"])[:80]
-    if err["type"] == "value_error":
-        return str(err["ctx"]["error"])
-    if err["type"] == "string_pattern_mismatch":
-        pattern = err["ctx"]["pattern"]
-        return f"{shown} is not allowed: {_PATTERN_HINTS.get(pattern, 'must match ' + pattern)}"
-    if err["type"] == "string_type" and isinstance(err["input"], int | float | bool):
-        return f"expected a string, got {shown}; quote it in the YAML"
-    return str(err["msg"])
+def parse(text: str, source: str = "config") -> Cluster:
+    data = validation.read_yaml(text, source)
+    try:
+        return Cluster.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, validation.problems(e, Cluster, _PATTERN_HINTS)) from None
 
 
-def _known_keys(loc: tuple[int | str, ...]) -> str:
-    model: type[BaseModel] = Cluster
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        annotation = model.model_fields[str(part)].annotation
-        inner = getattr(annotation, "__args__", (annotation,))[0]
-        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
-            return ""
-        model = inner
-    return f" (known: {', '.join(model.model_fields)})"
+def load(path: Path) -> Cluster:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(path), [f"cannot read it: {e}"]) from None
+    return parse(text, str(path))

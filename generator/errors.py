@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from python_on_whales import DockerException
+
 
 class VllmComposeError(Exception):
     exit_code = 1
@@ -51,6 +53,13 @@ class DockerError(VllmComposeError):
         self.node = node
         self.what = message  # without the node
         self.detail = detail
+
+    @classmethod
+    def wrap(cls, node: str, what: str, error: DockerException) -> DockerError:
+        """`what` failed on the node: its last line, then the command, exit code and stderr."""
+        command = " ".join(map(str, error.docker_command))
+        detail = f"command: {command}\nexit code: {error.return_code}\n{error.stderr or ''}"
+        return cls(node, f"{what}: {reason(error)}", detail)
 
     def lines(self) -> list[str]:
         tail = [f"  {line}" for line in self.detail.splitlines() if line.strip()]
@@ -102,3 +111,19 @@ class WatchGaveUp(ListedError):
             [f"{node}: {outcome}" for node, outcome in down.items()],
             "fix the cause, then start the group again: vllm-compose up CONFIG --watch",
         )
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why: a Docker call's last line of stderr (else stdout, else its exit
+    code), one of ours' message, or the exception's own text."""
+    if isinstance(error, DockerException):
+        text = (error.stderr or "").strip() or (error.stdout or "").strip()
+        return last_line(text) if text else f"exit code {error.return_code}, no output"
+    if isinstance(error, VllmComposeError):
+        return error.message
+    return str(error) or type(error).__name__
+
+
+def last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"

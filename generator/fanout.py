@@ -1,88 +1,105 @@
-"""Run one piece of work per node at once: `parallel` with progress, turning the first failure into
-a PhaseError that names the node; `settle` waiting for every node and handing back each outcome."""
+"""Work on every node at once: `each` runs one callable per node and hands back every outcome
+(with progress while it waits); `parallel` turns the first failure into a PhaseError naming the
+node; `pump` reads a stream of lines on a thread of its own. The only module that starts threads.
+"""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from python_on_whales import DockerException
-
-from generator.errors import DockerError, PhaseError
+from generator.errors import DockerError, PhaseError, reason
 
 T = TypeVar("T")
 Report = Callable[[str], None]
+EVERY = 5.0  # seconds between progress lines while waiting
 
 
-def parallel(
-    phase: str, work: dict[str, Callable[[], T]], timeout: float, report: Report
-) -> dict[str, T]:
-    """Run one callable per node at once; report progress every few seconds; the first failure
-    (or the deadline) becomes a PhaseError naming the node. Daemon threads: a phase that timed out
-    does not hold the command open while a docker call it started finishes."""
-    results: dict[str, T] = {}
-    errors: dict[str, BaseException] = {}
+class Late(TimeoutError):
+    """Still running at the deadline."""
+
+
+def each(
+    work: dict[str, Callable[[], T]],
+    timeout: float,
+    report: Report | None = None,
+    what: str = "",
+    stop_on_error: bool = False,
+) -> dict[str, T | BaseException]:
+    """One callable per node at once; node -> its result or the exception it raised, in the
+    order they finished, then `Late` for each still running at the deadline (or, with
+    `stop_on_error`, when the first one failed). Daemon threads: work that is given up on does not
+    hold the command open. With `report`, says every few seconds which are still running."""
+    done: dict[str, T | BaseException] = {}
 
     def run(name: str, fn: Callable[[], T]) -> None:
         try:
-            results[name] = fn()
-        except BaseException as e:  # re-raised below as a PhaseError
-            errors[name] = e
+            found: T | BaseException = fn()
+        except Exception as e:  # handed back to the caller
+            found = e
+        done[name] = found
 
     threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
     for thread in threads.values():
         thread.start()
     start = time.monotonic()
     while True:
-        # Which threads still run, before looking for errors: a thread records its error before
-        # it ends, so one that ended with an error is never mistaken for one that succeeded.
+        # Which threads still run, before looking at what is done: a thread records its outcome
+        # before it ends, so one that ended is never taken for one still running.
         pending = [n for n, t in threads.items() if t.is_alive()]
-        if errors:
-            name = next(iter(errors))
-            raise _phase_error(phase, name, errors[name])
-        if not pending:
-            return results
-        elapsed = time.monotonic() - start
-        if elapsed > timeout:
-            raise PhaseError(pending[0], phase, f"timed out after {timeout:g} s")
-        threads[pending[0]].join(timeout=min(5.0, timeout - elapsed + 0.1))
-        if threads[pending[0]].is_alive():
-            report(f"{phase}: waiting for {', '.join(pending)} ({time.monotonic() - start:.0f} s)")
+        failed = stop_on_error and any(isinstance(v, BaseException) for v in list(done.values()))
+        left = start + timeout - time.monotonic()
+        if not pending or failed or left <= 0:
+            break
+        threads[pending[0]].join(timeout=min(EVERY, left))
+        if report and threads[pending[0]].is_alive():
+            still = [n for n in pending if threads[n].is_alive()]
+            report(f"{what}: waiting for {', '.join(still)} ({time.monotonic() - start:.0f} s)")
+    late = Late(f"no answer in {timeout:g} s")
+    finished = dict(done)
+    return finished | {n: late for n in work if n not in finished}
 
 
-def settle(work: dict[str, Callable[[], T]], timeout: float) -> dict[str, T | BaseException]:
-    """Run one callable per node at once and wait for every one, at most `timeout` seconds:
-    node -> its result, or its error (TimeoutError for one still running at the deadline)."""
-    results: dict[str, T | BaseException] = {}
+def parallel(
+    phase: str, work: dict[str, Callable[[], T]], timeout: float, report: Report
+) -> dict[str, T]:
+    """`each`, where the first failure (or the deadline) is a PhaseError naming the node."""
+    outcome = each(work, timeout, report, phase, stop_on_error=True)
+    for name, found in outcome.items():
+        if isinstance(found, Late):
+            continue
+        if isinstance(found, BaseException):
+            raise _phase_error(phase, name, found)
+    late = [name for name, found in outcome.items() if isinstance(found, Late)]
+    if late:
+        raise PhaseError(late[0], phase, f"timed out after {timeout:g} s")
+    return {name: found for name, found in outcome.items() if not isinstance(found, BaseException)}
 
-    def run(name: str, fn: Callable[[], T]) -> None:
+
+def pump(
+    lines: Iterable[str], out: queue.Queue[str | None] | None = None
+) -> queue.Queue[str | None]:
+    """The lines as they come into `out` (a new queue unless given), on a thread of their own;
+    None once they end."""
+    out = queue.Queue() if out is None else out
+
+    def run() -> None:
         try:
-            results[name] = fn()
-        except Exception as e:  # handed back to the caller
-            results[name] = e
+            for line in lines:
+                out.put(line)
+        finally:
+            out.put(None)
 
-    threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in work.items()}
-    for thread in threads.values():
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads.values():
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    late = TimeoutError(f"no answer in {timeout:g} s")
-    return {n: results.get(n, late) for n in work}
+    threading.Thread(target=run, daemon=True).start()
+    return out
 
 
-def _phase_error(phase: str, node: str, error: BaseException | None) -> PhaseError:
+def _phase_error(phase: str, node: str, error: BaseException) -> PhaseError:
     if isinstance(error, PhaseError):
         return error
     if isinstance(error, DockerError):
         return PhaseError(error.node, phase, error.what, error.detail, error.hint)
-    if isinstance(error, DockerException):
-        return PhaseError(node, phase, last_line(error.stderr), error.stderr or "")
-    return PhaseError(node, phase, str(error))
-
-
-def last_line(text: str | None) -> str:
-    lines = [line for line in (text or "").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "docker failed"
+    return PhaseError(node, phase, reason(error), getattr(error, "stderr", None) or "")

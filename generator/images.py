@@ -4,19 +4,16 @@ ID after loading. A node that has the image moves nothing."""
 
 from __future__ import annotations
 
-import subprocess
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from python_on_whales import DockerClient, DockerException
 
 from generator.errors import DockerError
-
-Report = Callable[[str], None]
-CHUNK = 1 << 20
+from generator.fanout import Report, each
 
 
 @dataclass(frozen=True)
@@ -63,61 +60,35 @@ def _build(target: Target, tag: str, base: str) -> None:
 def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
     """`docker save | docker load` between two contexts, with progress; returns bytes moved."""
     size = source.docker.image.inspect(tag).size
-    save = subprocess.Popen(
-        [*source.docker.client_config.docker_cmd, "save", tag], stdout=subprocess.PIPE
-    )
-    load = subprocess.Popen(
-        [*dest.docker.client_config.docker_cmd, "load", "-q"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    moved = _pump(save, load, lambda n: report(_progress(tag, source, dest, n, size)))
-    save.wait()
-    assert load.stderr
-    with load.stderr:
-        err = load.stderr.read().decode(errors="replace")
-    if save.returncode or load.wait():
-        raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
+    moved = 0
+
+    def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        nonlocal moved
+        last = time.monotonic()
+        for chunk in chunks:
+            moved += len(chunk)
+            if time.monotonic() - last > 2:
+                report(
+                    f"image: {tag} {source.name} -> {dest.name}: {moved >> 20} / ~{size >> 20} MiB"
+                )
+                last = time.monotonic()
+            yield chunk
+
+    try:
+        saved = source.docker.image.save(tag)
+        assert saved is not None  # no output file: a stream
+        dest.docker.image.load(counted(saved), quiet=True)
+    except DockerException as e:
+        raise DockerError.wrap(dest.name, f"loading {tag} from node '{source.name}'", e) from None
     want, got = source.docker.image.inspect(tag).id, dest.docker.image.inspect(tag).id
     if want != got:
         raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")
     return moved
 
 
-def _pump(
-    save: subprocess.Popen[bytes], load: subprocess.Popen[bytes], tick: Callable[[int], None]
-) -> int:
-    assert save.stdout and load.stdin
-    moved, last = 0, time.monotonic()
-    with save.stdout, load.stdin:
-        while chunk := save.stdout.read(CHUNK):
-            load.stdin.write(chunk)
-            moved += len(chunk)
-            if time.monotonic() - last > 2:
-                tick(moved)
-                last = time.monotonic()
-    return moved
-
-
-def _progress(tag: str, source: Target, dest: Target, moved: int, size: int) -> str:
-    return f"image: {tag} {source.name} -> {dest.name}: {moved >> 20} / ~{size >> 20} MiB"
-
-
 def distribute(targets: list[Target], tag: str, base: str, report: Report) -> dict[str, str]:
     """Every node ends with `tag`; returns node -> 'present', 'built' or 'streamed'."""
-    outcome: dict[str, str] = {}
-    errors: list[DockerError] = []
-
-    def one(t: Target) -> None:
-        try:
-            outcome[t.name] = ensure(t, tag, base)
-        except DockerError as e:
-            errors.append(e)
-
-    _all_at_once(one, targets)
-    if errors:
-        raise errors[0]
+    outcome = _all_at_once({t.name: partial(ensure, t, tag, base) for t in targets})
     have = [t for t in targets if outcome[t.name] != "no-base"]
     lacking = [t for t in targets if outcome[t.name] == "no-base"]
     if lacking and not have:
@@ -127,23 +98,19 @@ def distribute(targets: list[Target], tag: str, base: str, report: Report) -> di
             hint=f"docker save {base} | docker --context <node> load",
         )
 
-    def copy(t: Target) -> None:
-        try:
-            moved = stream(tag, have[0], t, report)
-            report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
-            outcome[t.name] = "streamed"
-        except DockerError as e:
-            errors.append(e)
+    def copy(t: Target) -> str:
+        moved = stream(tag, have[0], t, report)
+        report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
+        return "streamed"
 
-    _all_at_once(copy, lacking)  # one `docker save` per destination
-    if errors:
-        raise errors[0]
-    return outcome
+    # One `docker save` per destination.
+    return outcome | _all_at_once({t.name: partial(copy, t) for t in lacking})
 
 
-def _all_at_once(fn: Callable[[Target], None], targets: list[Target]) -> None:
-    threads = [threading.Thread(target=fn, args=(t,)) for t in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+def _all_at_once(work: dict[str, Callable[[], str]]) -> dict[str, str]:
+    """Every node's outcome; the first node's error is raised."""
+    found = each(work, float("inf"))
+    for outcome in found.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return {name: str(outcome) for name, outcome in found.items()}

@@ -9,17 +9,48 @@ image by ID, and any difference from the lock is an error naming it until the lo
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from generator import __version__
+from pydantic import BaseModel, ValidationError
+
+from generator import __version__, probes
 from generator.config import Cluster
-from generator.errors import VllmComposeError
+from generator.errors import DriftError, VllmComposeError
+from generator.fleet import Fleet
+from generator.manifest import differences
+from generator.output import write_atomic
 from generator.render import wrapper_tag
 
-Lock = dict[str, Any]
+
+class LockedImage(BaseModel):
+    ref: str
+    id: str
+    digests: list[str]
+
+
+class LockedWrapper(BaseModel):
+    tag: str
+
+
+class LockedFile(BaseModel):
+    size: int
+    sha256: str
+
+
+class LockedModel(BaseModel):
+    path: str
+    revision: str | None
+    files: dict[str, LockedFile]
+
+
+class Lock(BaseModel):
+    tool: str
+    config_hash: str
+    image: LockedImage
+    wrapper: LockedWrapper
+    versions: dict[str, str | None]
+    model: LockedModel
 
 
 def path_for(config: Path) -> Path:
@@ -31,69 +62,95 @@ def read(config: Path) -> Lock | None:
     if not path.exists():
         return None
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as e:
-        raise VllmComposeError(f"{path}: unreadable lock: {e}", "delete it and lock again") from e
+        return Lock.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, ValidationError) as e:
+        first = str(e).splitlines()[0]
+        raise VllmComposeError(
+            f"{path}: unreadable lock: {first}", "delete it and lock again"
+        ) from e
 
 
 def make(
-    cluster: Cluster, image_id: str, digests: list[str], versions: dict[str, Any], model: Lock
+    cluster: Cluster,
+    image_id: str,
+    digests: list[str],
+    versions: dict[str, str | None],
+    model: dict[str, Any],
 ) -> Lock:
     # The wrapper is built on each node from the base: its tag follows from the base's ID and the
     # wrapper's files; its image ID differs per node (build time), so the tag is what is pinned.
     wrapper = wrapper_tag(cluster.model_copy(update={"image": image_id}))
-    return {
-        "tool": f"vllm-compose {__version__}",
-        "config_hash": cluster.config_hash(),
-        "image": {"ref": cluster.image, "id": image_id, "digests": sorted(digests)},
-        "wrapper": {"tag": wrapper},
-        "versions": versions,
-        "model": {"path": cluster.model.path, **model},
-    }
+    return Lock(
+        tool=f"vllm-compose {__version__}",
+        config_hash=cluster.config_hash(),
+        image=LockedImage(ref=cluster.image, id=image_id, digests=sorted(digests)),
+        wrapper=LockedWrapper(tag=wrapper),
+        versions=versions,
+        model=LockedModel.model_validate({"path": cluster.model.path, **model}),
+    )
 
 
 def write(config: Path, lock: Lock) -> Path:
     """Atomically: a reader never sees half a lock."""
     path = path_for(config)
-    text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    Path(tmp).replace(path)
+    write_atomic(path, json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def resolve(fleet: Fleet) -> Lock:
+    """What the head resolves the config to now: its base image, the versions inside it and
+    the model's manifest (every file hashed, on the head)."""
+    head, cluster = fleet.head, fleet.cluster
+    fleet.contexts_answer(30)
+    fleet.images([head])
+    fleet.push_secrets([head])
+    base = fleet.docker[head.name].image.inspect(cluster.image)
+    fleet.report(f"lock: hashing {cluster.model.path} on {head.name}")
+    facts = fleet.health(head, probes.facts("lo", "127.0.0.1", 0))
+    manifest = fleet.manifest(head)
+    return make(cluster, base.id, list(base.repo_digests), facts["versions"], manifest)
 
 
 def pinned(cluster: Cluster, lock: Lock) -> Cluster:
     """The cluster with its base image named by the locked ID."""
-    return cluster.model_copy(update={"image": lock["image"]["id"]})
+    return cluster.model_copy(update={"image": lock.image.id})
 
 
 def config_drift(cluster: Cluster, lock: Lock) -> list[str]:
-    if lock["config_hash"] != cluster.config_hash():
+    if lock.config_hash != cluster.config_hash():
         return ["the config changed since it was locked (its hash differs)"]
     return []
 
 
 def image_drift(lock: Lock, held: dict[str, str | None]) -> list[str]:
     """held: node -> the ID its engine has under the image's ref (None: not there)."""
-    want = lock["image"]["id"]
+    want = lock.image.id
     return [
-        f"{node} holds {lock['image']['ref']} as {got[:19]}, the lock says {want[:19]}"
+        f"{node} holds {lock.image.ref} as {got[:19]}, the lock says {want[:19]}"
         for node, got in held.items()
         if got is not None and got != want
     ]
 
 
+def refuse_image_drift(fleet: Fleet, lock: Lock, lock_file: Path) -> None:
+    """A node whose engine holds another image under the locked ref has drifted."""
+    drift = image_drift(lock, fleet.image_ids(lock.image.ref, fleet.cluster.nodes))
+    if drift:
+        raise DriftError(drift, lock_file)
+
+
 def model_drift(lock: Lock, node: str, files: dict[str, int] | None) -> list[str]:
     """Against a node's file list and sizes (a full sha256 check is sync-model's)."""
-    path, wanted = lock["model"]["path"], lock["model"]["files"]
+    path = lock.model.path
     if files is None:
         return [f"{node}: {path} is missing"]
-    problems = []
-    missing = sorted(set(wanted) - set(files))
-    extra = sorted(set(files) - set(wanted))
-    differ = sorted(n for n in set(wanted) & set(files) if files[n] != wanted[n]["size"])
-    for label, names in (("missing", missing), ("not in the lock", extra), ("size", differ)):
-        if names:
-            problems.append(f"{node}: {path}: {label}: {', '.join(names[:3])}")
-    return problems
+    found = differences({n: f.size for n, f in lock.model.files.items()}, files)
+    return [
+        f"{node}: {path}: {label}: {', '.join(names[:3])}"
+        for label, names in (
+            ("missing", found.missing),
+            ("not in the lock", found.extra),
+            ("size", found.size),
+        )
+        if names
+    ]

@@ -75,11 +75,22 @@ def _stage(change: Change) -> str:
     change.path.parent.mkdir(parents=True, exist_ok=True)
     if change.file.secret:
         change.path.parent.chmod(0o700)
-    fd, tmp = tempfile.mkstemp(dir=change.path.parent, prefix=f".{change.path.name}.")
+    return stage(change.path, change.file.text, change.file.mode)
+
+
+def stage(path: Path, text: str, mode: int = 0o644) -> str:
+    """`text` in a temporary sibling of `path` (its mode set before anything is written);
+    renaming it over `path` is the atomic step."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(change.file.text)
-    Path(tmp).chmod(change.file.mode)
+        f.write(text)
     return tmp
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """A reader sees the old file or the new one, never half of one."""
+    Path(stage(path, text, mode)).replace(path)
 
 
 def _read(path: Path) -> str | None:

@@ -2,366 +2,116 @@
 
 Per node and all at once, over the node's context: one short-lived container of the stack's own
 first service (`compose run --rm --no-deps`: the stack's image, network, IPC, mounts, limits and
-environment) runs `vllm-compose-health facts`; the checks compare what came back across nodes.
-The numbers in the hints refer to the rows of the failure table the project keeps.
+environment) reports its `Facts`; generator/checks.py compares them across nodes.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from pathlib import Path
 
-from python_on_whales import DockerClient, DockerException
+from generator import checks, lock, probes
+from generator.checks import Check, Facts, failed, passed
+from generator.config import Node
+from generator.errors import DockerError, DriftError, PreflightError, reason
+from generator.fanout import each
+from generator.fleet import Fleet
 
-from generator.config import MEMORY_MONITOR, Cluster, Node
-from generator.fanout import Report, last_line
-from generator.render import node_stacks
-
-Status = Literal["pass", "fail", "skip"]
-Facts = dict[str, Any]
-SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
 REACH_SECONDS = 6  # how long each node keeps trying to reach its peers
 RUN_TIMEOUT = 60  # a facts container that has not answered by then is a failure
-TOKEN_AUTH_SINCE = (2, 52)  # the first Ray with RAY_AUTH_MODE=token
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    node: str
-    status: Status
-    cause: str = ""
-    hint: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status:4}  {self.name:13} {self.node:12} {self.cause}"
-        return text + (f"  (hint: {self.hint})" if self.hint else "")
-
-
-def passed(name: str, node: str, what: str) -> Check:
-    return Check(name, node, "pass", what)
-
-
-def failed(name: str, node: str, cause: str, hint: str) -> Check:
-    return Check(name, node, "fail", cause, hint)
+def run(fleet: Fleet) -> tuple[list[Check], float]:
+    """Every check, on every node whose context answers; and how long they took. Writes the
+    secret files onto the nodes first: Compose creates no container whose secret is missing."""
+    start = time.monotonic()
+    found = contexts(fleet)
+    alive = {c.node for c in found if c.status == "pass"}
+    live = [n for n in fleet.cluster.nodes if n.name in alive]
+    if live:
+        fleet.images(live)
+        fleet.push_secrets(live)
+    more, facts = gather(fleet, live)
+    bases = fleet.image_ids(fleet.cluster.image, live)
+    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet))
+    return found, time.monotonic() - start
 
 
-def skipped(name: str, node: str, why: str) -> Check:
-    return Check(name, node, "skip", why)
+def must_pass(fleet: Fleet, locked: lock.Lock | None, lock_file: Path) -> None:
+    """Within up: the contexts answered and the image is everywhere; the rest must pass, and
+    with a lock every node's model must match it."""
+    start = time.monotonic()
+    nodes = fleet.cluster.nodes
+    found, facts = gather(fleet, nodes)
+    bases = fleet.image_ids(fleet.cluster.image, nodes)
+    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet))
+    failures = [c.line() for c in found if c.status == "fail"]
+    if failures:
+        raise PreflightError(failures, time.monotonic() - start)
+    if locked:
+        drift = [
+            line
+            for node, seen in facts.items()
+            for line in lock.model_drift(locked, node, seen.model)
+        ]
+        if drift:
+            raise DriftError(drift, lock_file)
 
 
-# Gathering
+def contexts(fleet: Fleet) -> list[Check]:
+    def info(node: Node) -> Callable[[], object]:
+        return lambda: fleet.docker[node.name].system.info()
 
-
-def contexts(cluster: Cluster, docker: dict[str, DockerClient], report: Report) -> list[Check]:
-    answered = _each(cluster.nodes, lambda n: docker[n.name].system.info(), 30, report, "contexts")
-    checks = []
-    for node in cluster.nodes:
+    work = {n.name: info(n) for n in fleet.cluster.nodes}
+    answered = each(work, 30, fleet.report, "contexts")
+    found = []
+    for node in fleet.cluster.nodes:
         outcome = answered[node.name]
         if isinstance(outcome, BaseException):
-            cause = f"context '{node.docker_context}' does not answer: {_why(outcome)}"
+            cause = f"context '{node.docker_context}' does not answer: {reason(outcome)}"
             hint = f"docker --context {node.docker_context} info"
-            checks.append(failed("context", node.name, cause, hint))
+            found.append(failed("context", node.name, cause, hint))
         else:
-            checks.append(passed("context", node.name, f"'{node.docker_context}' answers"))
-    return checks
+            found.append(passed("context", node.name, f"'{node.docker_context}' answers"))
+    return found
 
 
-def gather(
-    cluster: Cluster, docker: dict[str, DockerClient], live: list[Node], report: Report
-) -> tuple[list[Check], dict[str, Facts]]:
+def gather(fleet: Fleet, live: list[Node]) -> tuple[list[Check], dict[str, Facts]]:
     """The facts of every live node, from a container started as its stack starts it; a node
     whose container fails gets a failed check instead."""
+    c = fleet.cluster
     port = random.randint(40000, 48999)  # a fresh port per run: no stale listener can answer
-    stacks = {s.node.name: s for s in node_stacks(cluster, "")}
 
-    def facts(node: Node) -> Facts:
-        stack = stacks[node.name]
-        peers = ",".join(str(n.ip) for n in live if n != node)
-        cmd = ["facts", "--interface", cluster.interface_of(node), "--ip", str(node.ip)]
-        cmd += ["--listen", str(port), "--peers", peers, "--seconds", str(REACH_SECONDS)]
-        cmd += ["--model", cluster.model.path]
-        if node == cluster.head:
-            cmd += ["--api-port", str(cluster.vllm.port)]
-        out = docker[node.name].compose.run(
-            stack.services[0].name,
-            cmd,
-            entrypoint="vllm-compose-health",
-            remove=True,
-            dependencies=False,
-            tty=False,
+    def facts(node: Node) -> Callable[[], Facts]:
+        peers = [str(n.ip) for n in live if n != node]
+        api = c.vllm.port if node == c.head else None
+        probe = probes.facts(
+            c.interface_of(node), str(node.ip), port, peers, REACH_SECONDS, c.model.path, api
         )
-        return dict(json.loads(str(out)))
+        return lambda: Facts.model_validate(fleet.health(node, probe))
 
-    found = _each(live, facts, RUN_TIMEOUT, report, "preflight")
-    checks: list[Check] = []
+    found = each({n.name: facts(n) for n in live}, RUN_TIMEOUT, fleet.report, "preflight")
+    failures: list[Check] = []
     gathered: dict[str, Facts] = {}
     for node in live:
         outcome = found[node.name]
-        error = _why(outcome) if isinstance(outcome, BaseException) else ""
-        if "bind source path does not exist" in error:
-            # The stack mounts the model without creating it: its container cannot start here.
-            cause = f"{cluster.model.path} is missing (the node's other checks need it to run)"
-            checks.append(failed("model", node.name, cause, "copy the model to every node"))
-        elif isinstance(outcome, BaseException):
-            cause = f"the preflight container failed: {error}"
-            checks.append(failed("container", node.name, cause, "vllm-compose logs CONFIG"))
-        else:
+        if isinstance(outcome, Facts):
             gathered[node.name] = outcome
-    return checks, gathered
-
-
-def _each(
-    nodes: list[Node], fn: Callable[[Node], Any], timeout: float, report: Report, what: str
-) -> dict[str, Any]:
-    """fn for every node at once; node -> result, or the exception it raised."""
-    results: dict[str, Any] = {}
-
-    def run(node: Node) -> None:
-        try:
-            results[node.name] = fn(node)
-        except Exception as e:  # every failure is reported per node
-            results[node.name] = e
-
-    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in nodes]
-    for thread in threads:
-        thread.start()
-    start = time.monotonic()
-    for node, thread in zip(nodes, threads, strict=True):
-        while thread.is_alive() and time.monotonic() - start < timeout:
-            thread.join(timeout=5)
-            if thread.is_alive():
-                report(f"{what}: waiting for {node.name} ({time.monotonic() - start:.0f} s)")
-        if thread.is_alive():
-            results[node.name] = TimeoutError(f"no answer after {timeout:g} s")
-    return results
-
-
-def _why(error: BaseException) -> str:
-    if isinstance(error, DockerException):
-        return last_line(error.stderr)
-    return str(error)
-
-
-# Checks: pure functions of the config and the facts
-
-
-def evaluate(
-    cluster: Cluster,
-    facts: dict[str, Facts],
-    bases: dict[str, str | None],
-    serving: bool = False,
-) -> list[Check]:
-    """Every check for the nodes that answered. `bases`: node -> its base image ID (None when
-    the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
-    running on the head (so the API port is taken by it)."""
-    nodes = [n for n in cluster.nodes if n.name in facts]
-    checks = [_config(cluster), _images(cluster, bases)]
-    # Check by check, not node by node: a cause (an interface down) is listed before what it
-    # causes (peers that cannot reach that node).
-    checks += [_interface(cluster, n, facts[n.name]) for n in nodes]
-    checks += [c for n in nodes for c in _reach(cluster, n, facts[n.name], nodes)]
-    checks += [_ray(cluster, n, facts[n.name]) for n in nodes]
-    checks.append(_versions(nodes, facts))
-    head = facts.get(cluster.head.name)
-    checks += [_model(cluster, n, facts[n.name], head) for n in nodes]
-    checks += [_shm(n, facts[n.name]) for n in nodes]
-    checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
-    checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
-    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name])]
-    if head is not None:
-        checks.append(_api_port(cluster, head, serving))
-    return checks
-
-
-def _config(c: Cluster) -> Check:
-    # Invalid parallelism and duplicate names or IPs never get here: the config loader names them.
-    what = f"TP {c.tensor_parallel_size} x PP {c.vllm.pipeline_parallel_size} fits {c.gpu_total}"
-    return passed("config", "all", f"{what} GPUs; node names, IPs and contexts unique")
-
-
-def _images(c: Cluster, bases: dict[str, str | None]) -> Check:
-    known = {node: image for node, image in bases.items() if image}
-    if len(set(known.values())) > 1:
-        first = next(iter(known))
-        odd = [n for n, image in known.items() if image != known[first]]
-        cause = f"{c.image} is a different image on {', '.join(odd)} than on {first}: " + ", ".join(
-            f"{n} {image[7:19] if image.startswith('sha256:') else image[:12]}"
-            for n, image in known.items()
-        )
-        return failed("image", "all", cause, "pin the image by digest and distribute one image")
-    return passed("image", "all", f"{c.image} is the same image on every node")
-
-
-def _interface(c: Cluster, node: Node, f: Facts) -> Check:
-    name, nic = c.interface_of(node), f["interface"]
-    if not nic["exists"]:
-        return failed("interface", node.name, f"{name} does not exist", "set the node's interface")
-    if not nic["up"]:
-        return failed("interface", node.name, f"{name} is down", f"ip link set {name} up")
-    if str(node.ip) not in nic["addresses"]:
-        carries = ", ".join(nic["addresses"]) or "no IPv4 address"
-        cause = f"{name} carries {carries}, not {node.ip}"
-        return failed("interface", node.name, cause, "fix the node's ip or interface")
-    return passed("interface", node.name, f"{name} is up with {node.ip}")
-
-
-def _reach(c: Cluster, node: Node, f: Facts, nodes: list[Node]) -> list[Check]:
-    result = f["reach"]
-    if "listen" in result:
-        return [failed("reach", node.name, result["listen"], "run preflight again")]
-    checks = []
-    for peer in nodes:
-        if peer == node:
             continue
-        outcome = result["to"].get(str(peer.ip), "not tried")
-        if outcome == "ok":
-            checks.append(passed("reach", node.name, f"reaches {peer.name} at {peer.ip} over TCP"))
+        why = outcome.what if isinstance(outcome, DockerError) else reason(outcome)
+        if "bind source path does not exist" in f"{why}\n{getattr(outcome, 'detail', '')}":
+            # The stack mounts the model without creating it: its container cannot start here.
+            cause = f"{c.model.path} is missing (the node's other checks need it to run)"
+            failures.append(failed("model", node.name, cause, "copy the model to every node"))
         else:
-            cause = f"cannot reach {peer.name} at {peer.ip} over TCP: {outcome}"
-            hint = "a firewall, cable, route or MTU between the two on the private link"
-            checks.append(failed("reach", node.name, cause, hint))
-    return checks
+            cause = f"the preflight container failed: {why}"
+            failures.append(failed("container", node.name, cause, "vllm-compose logs CONFIG"))
+    return failures, gathered
 
 
-def _ray(c: Cluster, node: Node, f: Facts) -> Check:
-    if c.backend != "ray":
-        return skipped("ray", node.name, "backend native needs no Ray")
-    if not f["ray_on_path"]:
-        cause = f"{c.image} has no 'ray' on PATH"
-        return failed("ray", node.name, cause, "use an image with Ray, or set 'backend: native'")
-    found = f["versions"]["ray"]
-    if c.ray.token_auth and _release(found) < TOKEN_AUTH_SINCE:
-        cause = f"ray {found} has no token authentication (2.52+): its ports would be open"
-        hint = "an image with Ray 2.52 or later, or ray.token_auth: false on a closed network"
-        return failed("ray", node.name, cause, hint)
-    return passed("ray", node.name, f"ray {found} in the image")
-
-
-def _release(version: str | None) -> tuple[int, int]:
-    """(major, minor) of a version string; (0, 0) when there is none to read."""
-    parts = (version or "").split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return 0, 0
-
-
-def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
-    path, files = c.model.path, f["model"]
-    if files is None:
-        return failed("model", node.name, f"{path} is missing", "copy the model to every node")
-    if not files:
-        return failed("model", node.name, f"{path} is empty", "copy the model to every node")
-    broken = sorted(name for name, size in files.items() if size < 0)
-    if broken:
-        cause = f"{path}: dangling symlinks: {', '.join(broken[:3])}"
-        return failed("model", node.name, cause, "copy real files, not a cache's symlinks")
-    if head is not None and node != c.head and head["model"]:
-        theirs = head["model"]
-        missing = sorted(set(theirs) - set(files))
-        extra = sorted(set(files) - set(theirs))
-        differ = sorted(n for n in set(files) & set(theirs) if files[n] != theirs[n])
-        problems = [
-            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-            for label, names in (
-                ("missing", missing),
-                ("not on the head", extra),
-                ("size differs", differ),
-            )
-            if names
-        ]
-        if problems:
-            cause = f"{path} differs from {c.head.name}'s: {'; '.join(problems)}"
-            return failed("model", node.name, cause, "copy the model from the head again")
-    total = sum(files.values())
-    return passed("model", node.name, f"{path}: {len(files)} files, {total / 1e9:.2f} GB")
-
-
-def _shm(node: Node, f: Facts) -> Check:
-    size = f["shm_bytes"]
-    if size < SHM_MIN:
-        cause = f"/dev/shm is {size / 2**20:.0f} MiB in the container, at least 1024 MiB needed"
-        return failed("shm", node.name, cause, "ipc: host with a larger /dev/shm on the node")
-    return passed("shm", node.name, f"/dev/shm {size / 2**30:.1f} GiB")
-
-
-def _memlock(c: Cluster, node: Node, f: Facts) -> Check:
-    limit = "unlimited" if f["memlock"] == -1 else f"{f['memlock'] // 1024} KiB"
-    if not c.settings.memlock_unlimited:
-        return skipped("memlock", node.name, f"{limit}; no RDMA in profile {c.profile}")
-    if f["memlock"] != -1:
-        cause = f"locked memory is limited to {limit} in the container: RDMA registration fails"
-        hint = "ulimits memlock -1 (the dgx-spark profile sets it)"
-        return failed("memlock", node.name, cause, hint)
-    return passed("memlock", node.name, "unlimited")
-
-
-def _memory_monitor(c: Cluster, node: Node, f: Facts) -> Check:
-    if c.backend != "ray":
-        return skipped("mem-monitor", node.name, "backend native runs no Ray")
-    if f["memory_monitor"] != "0":
-        cause = f"{MEMORY_MONITOR}={f['memory_monitor']}: Ray may kill workers during the load"
-        return failed("mem-monitor", node.name, cause, f"{MEMORY_MONITOR}=0 on every node")
-    return passed("mem-monitor", node.name, f"{MEMORY_MONITOR}=0")
-
-
-def _hardware(c: Cluster, node: Node, f: Facts) -> list[Check]:
-    if c.accelerator != "nvidia":
-        why = "accelerator none: no GPUs or RDMA expected"
-        return [skipped("rdma", node.name, why), skipped("gpus", node.name, why)]
-    checks = []
-    ports = f["rdma"]
-    if not ports and c.settings.devices:
-        cause = f"profile {c.profile} needs RDMA and the node has no RDMA device"
-        hint = "ibdev2netdev on the node (the ConnectX driver), or profile: generic for TCP"
-        checks.append(failed("rdma", node.name, cause, hint))
-    elif not ports:
-        checks.append(skipped("rdma", node.name, "no RDMA devices: NCCL uses TCP sockets"))
-    else:
-        down = sorted(p for p, state in ports.items() if state != "ACTIVE")
-        if down:
-            cause = f"RDMA ports not active: {', '.join(down)}"
-            checks.append(failed("rdma", node.name, cause, "check the cable and ibdev2netdev"))
-        else:
-            checks.append(passed("rdma", node.name, f"{len(ports)} RDMA ports active"))
-    if f["gpus"] is None:
-        cause, hint = "no nvidia-smi in the container", "the NVIDIA container runtime"
-        checks.append(failed("gpus", node.name, cause, hint))
-    elif f["gpus"] < node.gpus:
-        cause = f"{f['gpus']} GPUs visible, {node.gpus} configured"
-        checks.append(failed("gpus", node.name, cause, "nvidia-smi on the node"))
-    else:
-        checks.append(passed("gpus", node.name, f"{f['gpus']} GPUs visible"))
-    return checks
-
-
-def _versions(nodes: list[Node], facts: dict[str, Facts]) -> Check:
-    if not nodes:
-        return skipped("versions", "all", "no node answered")
-    first = nodes[0]
-    for name in ("python", "vllm", "ray", "torch"):
-        seen = {n.name: facts[n.name]["versions"][name] for n in nodes}
-        if len(set(seen.values())) > 1:
-            listed = ", ".join(f"{n} {v or 'absent'}" for n, v in seen.items())
-            return failed("versions", "all", f"{name} differs: {listed}", "one image on every node")
-    shown = ", ".join(f"{k} {v}" for k, v in facts[first.name]["versions"].items() if v)
-    return passed("versions", "all", f"identical on every node: {shown}")
-
-
-def _api_port(c: Cluster, head: Facts, serving: bool) -> Check:
-    if serving:
-        return passed("api-port", c.head.name, f"port {c.vllm.port} is this stack's serve")
-    if head["api_port_free"] is False:
-        cause = f"port {c.vllm.port} on {c.head.ip} is already in use"
-        return failed("api-port", c.head.name, cause, "stop what listens there or set vllm.port")
-    return passed("api-port", c.head.name, f"port {c.vllm.port} is free")
-
-
-def as_json(checks: list[Check]) -> str:
-    return json.dumps([asdict(c) for c in checks], indent=2)
+def serving(fleet: Fleet) -> bool:
+    """Whether this stack's serve already runs on the head (so the API port is its own)."""
+    outcome = each({"head": lambda: fleet.running(fleet.head, "serve")}, 30)["head"]
+    return outcome is True

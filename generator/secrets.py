@@ -1,24 +1,24 @@
 """Secret files: found (or, for the API key, made) beside the config, then written onto each node
 over its context, so a remote engine finds them on its own side.
 
-The contents travel only as a container's stdin, into a file of mode 0600 in a folder of mode 0700
-on the node (stack.SECRETS_DIR); never as an argument, an environment variable or a log line.
+The contents travel only as a file copied into a container (`docker cp`), into a file of mode 0600
+in a folder of mode 0700 on the node (stack.SECRETS_DIR); never as an argument, an environment
+variable or a log line.
 """
 
 from __future__ import annotations
 
 import os
 import secrets as random_secrets
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from python_on_whales import DockerClient
+from python_on_whales import DockerClient, DockerException
 
 from generator.config import Cluster
 from generator.errors import DockerError, VllmComposeError
 from generator.render import node_stacks
-from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_path
+from generator.stack import SECRET_NAMES, SECRETS_DIR
 
 
 @dataclass(frozen=True)
@@ -70,24 +70,27 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     return Local(files, generated, missing)
 
 
-def push(
-    cluster: Cluster, node: str, docker: DockerClient, image: str, files: dict[str, Path]
-) -> None:
-    """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700)."""
-    folder = f"{SECRETS_DIR}/{cluster.name}"
-    for name, path in files.items():
-        target = secret_path(cluster.name, name).rsplit("/", 1)[1]
-        # The script names only paths; the secret is its stdin.
-        # A temporary name of its own: two writers of one folder (nodes sharing a filesystem)
-        # never rename each other's file.
-        partial = f"/s/.{target}.{random_secrets.token_hex(8)}"
-        script = (
-            f"umask 077 && mkdir -p /s && chmod 700 /s && cat > {partial}"
-            f" && mv {partial} /s/{target}"
+def push(docker: DockerClient, node: str, cluster: str, image: str, files: dict[str, Path]) -> None:
+    """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700): the files
+    are copied into a short-lived container that mounts the node's folder (`docker cp`, like a
+    file, never an argument), which then moves them into place under their names."""
+    if not files:
+        return
+    # A temporary name of its own per file: two writers of one folder (nodes sharing a
+    # filesystem) never rename each other's file.
+    partial = {name: f".{SECRET_NAMES[name]}.{random_secrets.token_hex(8)}" for name in files}
+    moves = " && ".join(f"mv /s/{partial[n]} /s/{SECRET_NAMES[n]}" for n in files)
+    script = f"chmod 700 /s && chmod 600 {' '.join(f'/s/{t}' for t in partial.values())} && {moves}"
+    folder = f"{SECRETS_DIR}/{cluster}"
+    try:
+        writer = docker.container.create(
+            image, ["-c", script], entrypoint="sh", volumes=[(folder, "/s")]
         )
-        cmd = [*map(str, docker.client_config.docker_cmd), "run", "--rm", "-i"]
-        cmd += ["-v", f"{folder}:/s", "--entrypoint", "sh", image, "-c", script]
-        done = subprocess.run(cmd, input=path.read_bytes(), capture_output=True, check=False)
-        if done.returncode != 0:
-            error = done.stderr.decode(errors="replace").strip().splitlines()
-            raise DockerError(node, f"writing the {name} file failed: {error[-1] if error else ''}")
+        try:
+            for name, path in files.items():
+                docker.copy(path, (writer, f"/s/{partial[name]}"))
+            docker.container.start(writer, attach=True)
+        finally:
+            docker.container.remove(writer, force=True)
+    except DockerException as e:
+        raise DockerError.wrap(node, f"writing the {', '.join(files)} file failed", e) from None

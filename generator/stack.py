@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 
+from generator import probes
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
 
 # The head's temp folder, shared by its Ray container and serve: Ray's session (plasma and raylet
@@ -29,11 +30,6 @@ SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-
 # unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
 CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 VLLM_CONFIG_ROOT = "/etc/vllm-compose/vllm"
-
-
-def secret_path(cluster: str, name: str) -> str:
-    """Where `up` writes the secret on the node."""
-    return f"{SECRETS_DIR}/{cluster}/{SECRET_NAMES[name]}"
 
 
 def secret_source(name: str) -> str:
@@ -72,22 +68,8 @@ class Service:
     environment: dict[str, str] = field(default_factory=dict)
     model: str | None = None  # mounted read-only at the same path (see model_mount)
     secrets: list[str] = field(default_factory=list)  # names of SECRET_NAMES
-    configs: list[str] = field(default_factory=list)  # names of NodeStack.configs
-
-    def fingerprint(self, stack: NodeStack) -> str:
-        """Hash of everything this service is rendered from. Its label changes only when the
-        service does, so `compose up` after a config change recreates just what changed."""
-        settings = stack.cluster.settings
-        shape = [
-            asdict(self),
-            stack.image,
-            stack.cluster.image,
-            stack.cluster.accelerator,
-            settings.devices,
-            settings.cap_add,
-            settings.memlock_unlimited,
-        ]
-        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+    configs: list[tuple[str, str]] = field(default_factory=list)  # (NodeStack.configs name, target)
+    fingerprint: str = ""  # set by NodeStack.services (see _fingerprint)
 
 
 @dataclass(frozen=True)
@@ -163,12 +145,14 @@ class NodeStack:
         return f"{SECRETS_ENV}={SECRETS_DIR}/{self.cluster.name}\n"
 
     @property
-    def configs(self) -> dict[str, tuple[str, str]]:
-        """Compose configs (name -> (target, content)), copied into the container at create."""
-        if self.cluster.backend != "ray":
-            return {}
-        target = f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}"
-        return {"vllm-ray-env": (target, self.carry_over_exclusions)}
+    def configs(self) -> dict[str, str]:
+        """Compose configs (name -> content), copied into the containers at create."""
+        return {"vllm-ray-env": self.carry_over_exclusions} if self.cluster.backend == "ray" else {}
+
+    @property
+    def _configs(self) -> list[tuple[str, str]]:
+        """(config, target) for each Ray service."""
+        return [("vllm-ray-env", f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}")] if self.configs else []
 
     @property
     def labels(self) -> dict[str, str]:
@@ -185,7 +169,53 @@ class NodeStack:
         else:
             own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
         model = model_mount(self.cluster.model.path)
-        return [replace(s, environment=self.environment | s.environment, model=model) for s in own]
+        done = [replace(s, environment=self.environment | s.environment, model=model) for s in own]
+        return [replace(s, fingerprint=self._fingerprint(s)) for s in done]
+
+    def _fingerprint(self, service: Service) -> str:
+        """Hash of everything a service is rendered from. Its label changes only when the
+        service does, so `compose up` after a config change recreates just what changed."""
+        shape = [
+            asdict(service),
+            self.image,
+            self.cluster.image,
+            self.cluster.accelerator,
+            self.devices,
+            self.cap_add,
+            self.memlock_unlimited,
+        ]
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+    # What the template reads, each a plain value
+
+    @property
+    def project(self) -> str:
+        return self.cluster.name
+
+    @property
+    def base_image(self) -> str:
+        return self.cluster.image
+
+    @property
+    def config_hash(self) -> str:
+        return self.cluster.config_hash()
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.cluster.settings.devices
+
+    @property
+    def cap_add(self) -> tuple[str, ...]:
+        return self.cluster.settings.cap_add
+
+    @property
+    def memlock_unlimited(self) -> bool:
+        return self.cluster.settings.memlock_unlimited
+
+    @property
+    def all_gpus(self) -> bool:
+        """Hand the node's GPUs to every container (NVIDIA runtime)."""
+        return self.cluster.accelerator == "nvidia"
 
     @property
     def named_volumes(self) -> list[str]:
@@ -209,22 +239,20 @@ class NodeStack:
             cmd += ["--include-dashboard=true", "--dashboard-host", str(self.node.ip)]
         else:
             cmd += ["--include-dashboard=false"]
-        everyone = ",".join(str(n.ip) for n in c.nodes)
-        test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
-        test += ["--expect", everyone, "--gpus", str(c.gpu_total)]
+        everyone = [str(n.ip) for n in c.nodes]
+        test = ["CMD", *probes.ray(self.gcs_address, everyone, c.gpu_total)]
         return Service(
             "ray",
             cmd,
             Health(test, start_period=300),
             volumes=[f"shared-tmp:{SHARED_TMP}"],
             secrets=self._ray_secrets,
-            configs=list(self.configs),
+            configs=self._configs,
         )
 
     def _ray_worker(self) -> Service:
         cmd = [*self._ray_start(), "--address", self.gcs_address]
-        test = ["CMD", "vllm-compose-health", "ray", "--address", self.gcs_address]
-        test += ["--expect", str(self.node.ip)]
+        test = ["CMD", *probes.ray(self.gcs_address, [str(self.node.ip)])]
         env = {"VLLM_COMPOSE_WAIT_FOR": self.gcs_address}
         return Service(
             "ray",
@@ -232,7 +260,7 @@ class NodeStack:
             Health(test, start_period=300),
             environment=env,
             secrets=self._ray_secrets,
-            configs=list(self.configs),
+            configs=self._configs,
         )
 
     @property
@@ -255,7 +283,7 @@ class NodeStack:
             volumes=[f"shared-tmp:{SHARED_TMP}"],
             environment={"RAY_ADDRESS": self.gcs_address},
             secrets=list(self.secrets),
-            configs=list(self.configs),
+            configs=self._configs,
         )
 
     # Native backend
@@ -301,8 +329,7 @@ class NodeStack:
 
     def _serve_health(self) -> Health:
         c = self.cluster
-        test = ["CMD", "vllm-compose-health", "serve", "--port", str(c.vllm.port)]
-        test += ["--model", c.served_model_name]
+        test = ["CMD", *probes.serve(c.vllm.port, c.served_model_name)]
         # Every check is a real completion: every 15 s, not 5, so checks do not compete with the
         # model load for CPU, nor with traffic later. `up` does not wait on it (it probes itself).
         return Health(test, start_period=c.vllm.startup_timeout, interval=15)

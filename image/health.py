@@ -20,7 +20,7 @@
       the revision when PATH is a Hugging Face cache snapshot
   send --root PATH --listen IP:PORT
       serves the files under PATH (symlinks followed) to `receive`, until stopped
-  receive --root PATH --source IP:PORT   (the manifest on stdin)
+  receive --root PATH --source IP:PORT [--manifest FILE]   (default: the manifest on stdin)
       makes PATH hold exactly the manifest's files: a file whose size and sha256 already match is
       kept; any other is fetched into a .partial file, checked, then renamed. Prints progress as
       JSON lines; exits non-zero unless every file matches
@@ -362,7 +362,11 @@ def fetch(conn, size, out, digest):
 
 
 def receive(args):
-    wanted = json.load(sys.stdin)["files"]
+    if args.manifest:
+        with open(args.manifest) as f:
+            wanted = json.load(f)["files"]
+    else:
+        wanted = json.load(sys.stdin)["files"]
     host, port = args.source.rsplit(":", 1)
     os.makedirs(args.root, exist_ok=True)
     moved = kept = 0
@@ -462,6 +466,7 @@ def main():
     receiver = sub.add_parser("receive")
     receiver.add_argument("--root", required=True)
     receiver.add_argument("--source", required=True)
+    receiver.add_argument("--manifest", help="the manifest's file (default: stdin)")
     args = parser.parse_args()
     checks = {
         "ray": check_ray,

@@ -27,7 +27,7 @@ def locked(files: dict[str, dict[str, object]] | None = None) -> lock.Lock:
 def test_the_lock_pins_the_image_by_id_and_notices_a_changed_config() -> None:
     entry = locked()
     assert lock.pinned(CLUSTER, entry).image == ID
-    assert entry["wrapper"]["tag"] == render.wrapper_tag(lock.pinned(CLUSTER, entry))
+    assert entry.wrapper.tag == render.wrapper_tag(lock.pinned(CLUSTER, entry))
     assert lock.config_drift(CLUSTER, entry) == []
     changed = CLUSTER.model_copy(update={"env": {"NCCL_DEBUG": "INFO"}})
     assert lock.config_drift(changed, entry) == [
@@ -60,7 +60,8 @@ def test_the_lock_file_is_stable_json_beside_the_config(tmp_path: Path) -> None:
     first = written.read_bytes()
     lock.write(config_file, locked())
     assert written.read_bytes() == first
-    assert lock.read(config_file) == json.loads(first)
+    read = lock.read(config_file)
+    assert read is not None and read.model_dump(mode="json") == json.loads(first)
     assert [p.name for p in tmp_path.iterdir()] == ["cluster.lock.json"]  # no temp file left
 
 

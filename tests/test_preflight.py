@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from generator import config, preflight
+from generator import checks as checking
+from generator import config
 from tests.test_config import CASES
 
 # Ray backend, spark-1 .12 head, spark-2 .13; the Spark profile asks for unlimited memlock.
@@ -43,17 +44,28 @@ def healthy() -> dict[str, dict[str, Any]]:
     }
 
 
+def evaluate(
+    cluster: config.Cluster,
+    all_facts: dict[str, dict[str, Any]],
+    bases: dict[str, str | None],
+    serving: bool = False,
+) -> list[checking.Check]:
+    """The checks, on facts as the nodes' containers print them (JSON)."""
+    typed = {node: checking.Facts.model_validate(found) for node, found in all_facts.items()}
+    return checking.evaluate(cluster, typed, bases, serving)
+
+
 def failures(all_facts: dict[str, Any], bases: dict[str, str | None] | None = None) -> list[str]:
     bases = bases or {"spark-1": BASE, "spark-2": BASE}
     return [
         f"{c.name} {c.node}: {c.cause}"
-        for c in preflight.evaluate(SAMPLE, all_facts, bases)
+        for c in evaluate(SAMPLE, all_facts, bases)
         if c.status == "fail"
     ]
 
 
 def test_a_healthy_pair_passes_every_check() -> None:
-    checks = preflight.evaluate(SAMPLE, healthy(), {"spark-1": BASE, "spark-2": BASE})
+    checks = evaluate(SAMPLE, healthy(), {"spark-1": BASE, "spark-2": BASE})
     assert [c for c in checks if c.status != "pass"] == []
     assert {c.name for c in checks} == {
         "config", "image", "interface", "reach", "ray", "model", "shm", "memlock",
@@ -124,7 +136,7 @@ def test_a_node_holding_only_the_streamed_wrapper_is_not_compared() -> None:
 def test_the_api_port_taken_by_this_stacks_own_serve_passes() -> None:
     found = healthy()
     found["spark-1"]["api_port_free"] = False
-    checks = preflight.evaluate(SAMPLE, found, {"spark-1": BASE, "spark-2": BASE}, serving=True)
+    checks = evaluate(SAMPLE, found, {"spark-1": BASE, "spark-2": BASE}, serving=True)
     assert [c.cause for c in checks if c.name == "api-port"] == ["port 30000 is this stack's serve"]
 
 
@@ -132,7 +144,7 @@ def test_no_rdma_is_only_a_skip_where_the_profile_needs_none() -> None:
     generic = SAMPLE.model_copy(update={"profile": "generic"})
     found = healthy()
     found["spark-2"]["rdma"] = {}
-    checks = preflight.evaluate(generic, found, {"spark-1": BASE, "spark-2": BASE})
+    checks = evaluate(generic, found, {"spark-1": BASE, "spark-2": BASE})
     assert [(c.status, c.cause) for c in checks if c.name == "rdma" and c.node == "spark-2"] == [
         ("skip", "no RDMA devices: NCCL uses TCP sockets")
     ]
@@ -140,7 +152,7 @@ def test_no_rdma_is_only_a_skip_where_the_profile_needs_none() -> None:
 
 def test_native_backend_and_no_accelerator_skip_what_does_not_apply() -> None:
     native = SAMPLE.model_copy(update={"backend": "native", "accelerator": "none"})
-    checks = preflight.evaluate(native, healthy(), {"spark-1": BASE, "spark-2": BASE})
+    checks = evaluate(native, healthy(), {"spark-1": BASE, "spark-2": BASE})
     skipped = sorted({c.name for c in checks if c.status == "skip"})
     assert skipped == ["gpus", "mem-monitor", "ray", "rdma"]
 
@@ -160,5 +172,5 @@ def test_a_ray_without_token_authentication_fails_unless_it_is_turned_off() -> N
         for node in ("spark-1", "spark-2")
     ]
     off = SAMPLE.model_copy(update={"ray": SAMPLE.ray.model_copy(update={"token_auth": False})})
-    checks = preflight.evaluate(off, found, {"spark-1": BASE, "spark-2": BASE})
+    checks = evaluate(off, found, {"spark-1": BASE, "spark-2": BASE})
     assert [c for c in checks if c.status == "fail"] == []

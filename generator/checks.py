@@ -1,0 +1,284 @@
+"""Preflight's checks: pure functions of the config and the facts every node reported (`Facts`,
+printed as JSON by `vllm-compose-health facts` inside a container of the node's stack). The numbers
+in the hints refer to the rows of the failure table the project keeps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from pydantic import BaseModel
+
+from generator.config import MEMORY_MONITOR, Cluster, Node
+from generator.manifest import differences
+
+Status = Literal["pass", "fail", "skip"]
+SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
+TOKEN_AUTH_SINCE = (2, 52)  # the first Ray with RAY_AUTH_MODE=token
+
+
+class Interface(BaseModel):
+    exists: bool
+    up: bool
+    addresses: list[str]
+
+
+class Reach(BaseModel):
+    to: dict[str, str] = {}  # peer IP -> "ok" or the error
+    heard_from: list[str] = []
+    listen: str | None = None  # set when the node could not listen at all
+
+
+class Facts(BaseModel):
+    """What one node's container reported (image/health.py, `facts`)."""
+
+    interface: Interface
+    reach: Reach
+    versions: dict[str, str | None]
+    ray_on_path: bool
+    model: dict[str, int] | None  # relative path -> size; -1 for a dangling symlink
+    shm_bytes: int
+    memlock: int  # -1: unlimited
+    memory_monitor: str | None
+    api_port_free: bool | None
+    rdma: dict[str, str]
+    gpus: int | None
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    node: str
+    status: Status
+    cause: str = ""
+    hint: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:4}  {self.name:13} {self.node:12} {self.cause}"
+        return text + (f"  (hint: {self.hint})" if self.hint else "")
+
+
+def passed(name: str, node: str, what: str) -> Check:
+    return Check(name, node, "pass", what)
+
+
+def failed(name: str, node: str, cause: str, hint: str) -> Check:
+    return Check(name, node, "fail", cause, hint)
+
+
+def skipped(name: str, node: str, why: str) -> Check:
+    return Check(name, node, "skip", why)
+
+
+def evaluate(
+    cluster: Cluster,
+    facts: dict[str, Facts],
+    bases: dict[str, str | None],
+    serving: bool = False,
+) -> list[Check]:
+    """Every check for the nodes that answered. `bases`: node -> its base image ID (None when
+    the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
+    running on the head (so the API port is taken by it)."""
+    nodes = [n for n in cluster.nodes if n.name in facts]
+    checks = [_config(cluster), _images(cluster, bases)]
+    # Check by check, not node by node: a cause (an interface down) is listed before what it
+    # causes (peers that cannot reach that node).
+    checks += [_interface(cluster, n, facts[n.name]) for n in nodes]
+    checks += [c for n in nodes for c in _reach(cluster, n, facts[n.name], nodes)]
+    checks += [_ray(cluster, n, facts[n.name]) for n in nodes]
+    checks.append(_versions(nodes, facts))
+    head = facts.get(cluster.head.name)
+    checks += [_model(cluster, n, facts[n.name], head) for n in nodes]
+    checks += [_shm(n, facts[n.name]) for n in nodes]
+    checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
+    checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
+    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name])]
+    if head is not None:
+        checks.append(_api_port(cluster, head, serving))
+    return checks
+
+
+def _config(c: Cluster) -> Check:
+    # Invalid parallelism and duplicate names or IPs never get here: the config loader names them.
+    what = f"TP {c.tensor_parallel_size} x PP {c.vllm.pipeline_parallel_size} fits {c.gpu_total}"
+    return passed("config", "all", f"{what} GPUs; node names, IPs and contexts unique")
+
+
+def _images(c: Cluster, bases: dict[str, str | None]) -> Check:
+    known = {node: image for node, image in bases.items() if image}
+    if len(set(known.values())) > 1:
+        first = next(iter(known))
+        odd = [n for n, image in known.items() if image != known[first]]
+        cause = f"{c.image} is a different image on {', '.join(odd)} than on {first}: " + ", ".join(
+            f"{n} {image[7:19] if image.startswith('sha256:') else image[:12]}"
+            for n, image in known.items()
+        )
+        return failed("image", "all", cause, "pin the image by digest and distribute one image")
+    return passed("image", "all", f"{c.image} is the same image on every node")
+
+
+def _interface(c: Cluster, node: Node, f: Facts) -> Check:
+    name, nic = c.interface_of(node), f.interface
+    if not nic.exists:
+        return failed("interface", node.name, f"{name} does not exist", "set the node's interface")
+    if not nic.up:
+        return failed("interface", node.name, f"{name} is down", f"ip link set {name} up")
+    if str(node.ip) not in nic.addresses:
+        carries = ", ".join(nic.addresses) or "no IPv4 address"
+        cause = f"{name} carries {carries}, not {node.ip}"
+        return failed("interface", node.name, cause, "fix the node's ip or interface")
+    return passed("interface", node.name, f"{name} is up with {node.ip}")
+
+
+def _reach(c: Cluster, node: Node, f: Facts, nodes: list[Node]) -> list[Check]:
+    result = f.reach
+    if result.listen:
+        return [failed("reach", node.name, result.listen, "run preflight again")]
+    checks = []
+    for peer in nodes:
+        if peer == node:
+            continue
+        outcome = result.to.get(str(peer.ip), "not tried")
+        if outcome == "ok":
+            checks.append(passed("reach", node.name, f"reaches {peer.name} at {peer.ip} over TCP"))
+        else:
+            cause = f"cannot reach {peer.name} at {peer.ip} over TCP: {outcome}"
+            hint = "a firewall, cable, route or MTU between the two on the private link"
+            checks.append(failed("reach", node.name, cause, hint))
+    return checks
+
+
+def _ray(c: Cluster, node: Node, f: Facts) -> Check:
+    if c.backend != "ray":
+        return skipped("ray", node.name, "backend native needs no Ray")
+    if not f.ray_on_path:
+        cause = f"{c.image} has no 'ray' on PATH"
+        return failed("ray", node.name, cause, "use an image with Ray, or set 'backend: native'")
+    found = f.versions.get("ray")
+    if c.ray.token_auth and _release(found) < TOKEN_AUTH_SINCE:
+        cause = f"ray {found} has no token authentication (2.52+): its ports would be open"
+        hint = "an image with Ray 2.52 or later, or ray.token_auth: false on a closed network"
+        return failed("ray", node.name, cause, hint)
+    return passed("ray", node.name, f"ray {found} in the image")
+
+
+def _release(version: str | None) -> tuple[int, int]:
+    """(major, minor) of a version string; (0, 0) when there is none to read."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
+    path, files = c.model.path, f.model
+    if files is None:
+        return failed("model", node.name, f"{path} is missing", "copy the model to every node")
+    if not files:
+        return failed("model", node.name, f"{path} is empty", "copy the model to every node")
+    broken = sorted(name for name, size in files.items() if size < 0)
+    if broken:
+        cause = f"{path}: dangling symlinks: {', '.join(broken[:3])}"
+        return failed("model", node.name, cause, "copy real files, not a cache's symlinks")
+    if head is not None and node != c.head and head.model:
+        found = differences(head.model, files)
+        problems = [
+            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for label, names in (
+                ("missing", found.missing),
+                ("not on the head", found.extra),
+                ("size differs", found.size),
+            )
+            if names
+        ]
+        if problems:
+            cause = f"{path} differs from {c.head.name}'s: {'; '.join(problems)}"
+            return failed("model", node.name, cause, "copy the model from the head again")
+    total = sum(files.values())
+    return passed("model", node.name, f"{path}: {len(files)} files, {total / 1e9:.2f} GB")
+
+
+def _shm(node: Node, f: Facts) -> Check:
+    size = f.shm_bytes
+    if size < SHM_MIN:
+        cause = f"/dev/shm is {size / 2**20:.0f} MiB in the container, at least 1024 MiB needed"
+        return failed("shm", node.name, cause, "ipc: host with a larger /dev/shm on the node")
+    return passed("shm", node.name, f"/dev/shm {size / 2**30:.1f} GiB")
+
+
+def _memlock(c: Cluster, node: Node, f: Facts) -> Check:
+    limit = "unlimited" if f.memlock == -1 else f"{f.memlock // 1024} KiB"
+    if not c.settings.memlock_unlimited:
+        return skipped("memlock", node.name, f"{limit}; no RDMA in profile {c.profile}")
+    if f.memlock != -1:
+        cause = f"locked memory is limited to {limit} in the container: RDMA registration fails"
+        hint = "ulimits memlock -1 (the dgx-spark profile sets it)"
+        return failed("memlock", node.name, cause, hint)
+    return passed("memlock", node.name, "unlimited")
+
+
+def _memory_monitor(c: Cluster, node: Node, f: Facts) -> Check:
+    if c.backend != "ray":
+        return skipped("mem-monitor", node.name, "backend native runs no Ray")
+    if f.memory_monitor != "0":
+        cause = f"{MEMORY_MONITOR}={f.memory_monitor}: Ray may kill workers during the load"
+        return failed("mem-monitor", node.name, cause, f"{MEMORY_MONITOR}=0 on every node")
+    return passed("mem-monitor", node.name, f"{MEMORY_MONITOR}=0")
+
+
+def _hardware(c: Cluster, node: Node, f: Facts) -> list[Check]:
+    if c.accelerator != "nvidia":
+        why = "accelerator none: no GPUs or RDMA expected"
+        return [skipped("rdma", node.name, why), skipped("gpus", node.name, why)]
+    checks = []
+    ports = f.rdma
+    if not ports and c.settings.devices:
+        cause = f"profile {c.profile} needs RDMA and the node has no RDMA device"
+        hint = "ibdev2netdev on the node (the ConnectX driver), or profile: generic for TCP"
+        checks.append(failed("rdma", node.name, cause, hint))
+    elif not ports:
+        checks.append(skipped("rdma", node.name, "no RDMA devices: NCCL uses TCP sockets"))
+    else:
+        down = sorted(p for p, state in ports.items() if state != "ACTIVE")
+        if down:
+            cause = f"RDMA ports not active: {', '.join(down)}"
+            checks.append(failed("rdma", node.name, cause, "check the cable and ibdev2netdev"))
+        else:
+            checks.append(passed("rdma", node.name, f"{len(ports)} RDMA ports active"))
+    if f.gpus is None:
+        cause, hint = "no nvidia-smi in the container", "the NVIDIA container runtime"
+        checks.append(failed("gpus", node.name, cause, hint))
+    elif f.gpus < node.gpus:
+        cause = f"{f.gpus} GPUs visible, {node.gpus} configured"
+        checks.append(failed("gpus", node.name, cause, "nvidia-smi on the node"))
+    else:
+        checks.append(passed("gpus", node.name, f"{f.gpus} GPUs visible"))
+    return checks
+
+
+def _versions(nodes: list[Node], facts: dict[str, Facts]) -> Check:
+    if not nodes:
+        return skipped("versions", "all", "no node answered")
+    first = nodes[0]
+    for name in ("python", "vllm", "ray", "torch"):
+        seen = {n.name: facts[n.name].versions.get(name) for n in nodes}
+        if len(set(seen.values())) > 1:
+            listed = ", ".join(f"{n} {v or 'absent'}" for n, v in seen.items())
+            return failed("versions", "all", f"{name} differs: {listed}", "one image on every node")
+    shown = ", ".join(f"{k} {v}" for k, v in facts[first.name].versions.items() if v)
+    return passed("versions", "all", f"identical on every node: {shown}")
+
+
+def _api_port(c: Cluster, head: Facts, serving: bool) -> Check:
+    if serving:
+        return passed("api-port", c.head.name, f"port {c.vllm.port} is this stack's serve")
+    if head.api_port_free is False:
+        cause = f"port {c.vllm.port} on {c.head.ip} is already in use"
+        return failed("api-port", c.head.name, cause, "stop what listens there or set vllm.port")
+    return passed("api-port", c.head.name, f"port {c.vllm.port} is free")
+
+
+def as_json(checks: list[Check]) -> str:
+    return json.dumps([asdict(c) for c in checks], indent=2)

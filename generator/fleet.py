@@ -1,0 +1,252 @@
+"""The node layer: every node of a cluster as Docker sees it, over the node's context.
+
+One python-on-whales client per node, the node stacks computed once, the wrapper image's tag, and
+the operations every command shares: contexts, images, secrets, one-off health runs, image IDs,
+compose up/down, container states, log tails, Ray's view of the nodes. Every Docker call of the
+tool goes through here or through the modules it hands a client to (images, secrets, sync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from python_on_whales import Container, DockerClient, DockerException
+from python_on_whales.components.container.models import ContainerState
+
+from generator import images, probes, secrets
+from generator.config import Cluster, Node
+from generator.errors import DockerError, reason
+from generator.fanout import Report, each, parallel, pump
+from generator.render import node_stacks
+from generator.stack import NodeStack, model_mount
+
+SERVICE = "com.docker.compose.service"  # the label naming a container's service
+DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
+HEALTH_LINES = 3  # of a failing health check's output, shown in errors
+
+
+def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
+    """The node's engine over its context; Compose reads contexts.env, which points the stack's
+    secrets at the files `up` writes on the node."""
+    return DockerClient(
+        context=node.docker_context,
+        compose_files=[outdir / node.name / "compose.yaml"],
+        compose_env_files=[outdir / node.name / "contexts.env"],
+        compose_project_name=cluster.name,
+    )
+
+
+class Fleet:
+    def __init__(
+        self,
+        cluster: Cluster,
+        outdir: Path,
+        report: Report,
+        secret_files: dict[str, Path] | None = None,
+    ) -> None:
+        """`cluster` as rendered into `outdir` (with a lock, its image is the locked ID)."""
+        self.cluster = cluster
+        self.outdir = outdir
+        self.report = report
+        self.secret_files = secret_files or {}
+        self.stacks: dict[str, NodeStack] = {s.node.name: s for s in node_stacks(cluster, "")}
+        self.head = cluster.head
+        self.wrapper = self.stacks[self.head.name].image
+        self.gcs = self.stacks[self.head.name].gcs_address
+        self.docker = {n.name: client(cluster, n, outdir) for n in cluster.nodes}
+
+    # Reaching the nodes
+
+    def contexts_answer(self, timeout: float = 30) -> None:
+        def probe(node: Node) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    self.docker[node.name].system.info()
+                except DockerException as e:
+                    raise DockerError(
+                        node.name,
+                        f"context '{node.docker_context}' does not answer",
+                        e.stderr or "",
+                        hint=f"docker --context {node.docker_context} info",
+                    ) from None
+
+            return run
+
+        parallel("contexts", {n.name: probe(n) for n in self.cluster.nodes}, timeout, self.report)
+
+    def images(self, nodes: list[Node] | None = None) -> dict[str, str]:
+        """The wrapper image on every node (or those given): node -> what it took."""
+        targets = [
+            images.Target(n.name, self.docker[n.name], self.outdir / n.name)
+            for n in nodes or self.cluster.nodes
+        ]
+        return images.distribute(targets, self.wrapper, self.cluster.image, self.report)
+
+    def push_secrets(self, nodes: list[Node] | None = None) -> None:
+        """Each node's secret files onto the node, all nodes (or those given) at once. Compose
+        creates no container of a service whose secret file is missing, one-off ones (preflight's
+        facts) included."""
+
+        def push(node: Node) -> Callable[[], None]:
+            used = self.stacks[node.name].used_secrets
+            files = {n: p for n, p in self.secret_files.items() if n in used}
+            docker, name = self.docker[node.name], self.cluster.name
+            return lambda: secrets.push(docker, node.name, name, self.wrapper, files)
+
+        work = {n.name: push(n) for n in nodes or self.cluster.nodes}
+        parallel("secrets", work, 120, self.report)
+
+    def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
+        """node -> the ID its engine has under `ref`, None where it has none."""
+        found: dict[str, str | None] = {}
+        for node in nodes:
+            try:
+                found[node.name] = self.docker[node.name].image.inspect(ref).id
+            except DockerException:
+                found[node.name] = None
+        return found
+
+    # One-off health runs
+
+    def health(self, node: Node, probe: list[str]) -> Any:
+        """A probe (generator/probes.py) in a one-off container of the node's first service,
+        started as the stack starts it; its JSON output."""
+        service = self.stacks[node.name].services[0]
+        args = probe[1:]
+        try:
+            out = self.docker[node.name].compose.run(
+                service.name,
+                args,
+                entrypoint=probes.HEALTH,
+                remove=True,
+                dependencies=False,
+                tty=False,
+            )
+        except DockerException as e:
+            raise DockerError.wrap(node.name, f"{args[0]} failed", e) from None
+        return json.loads(str(out))
+
+    def manifest(self, node: Node) -> dict[str, Any]:
+        """The model's manifest on a node: every file's size and sha256 (symlinks followed)."""
+        mount = model_mount(self.cluster.model.path)
+        try:
+            out = self.docker[node.name].run(
+                self.wrapper,
+                probes.manifest(self.cluster.model.path)[1:],
+                entrypoint=probes.HEALTH,
+                remove=True,
+                volumes=[(mount, mount, "ro")],
+            )
+        except DockerException as e:
+            raise DockerError.wrap(node.name, "manifest failed", e) from None
+        return dict(json.loads(str(out)))
+
+    # The running stack
+
+    def compose_up(self, node: Node, services: list[str] | None, wait: int | None) -> None:
+        self.docker[node.name].compose.up(
+            services,
+            detach=True,
+            wait=wait is not None,
+            wait_timeout=wait,
+            quiet=True,
+            pull="never",
+        )
+
+    def execute(self, node: Node, service: str, args: list[str]) -> str:
+        return str(self.docker[node.name].compose.execute(service, args, tty=False))
+
+    def states(self, node: Node) -> dict[str, ContainerState]:
+        """service -> its container's state, exited ones included."""
+        found = self.docker[node.name].compose.ps(all=True)
+        return {_service(c): c.state for c in found}
+
+    def running(self, node: Node, service: str) -> bool:
+        found = self.docker[node.name].compose.ps([service], all=True)
+        return bool(found) and found[0].state.running is True
+
+    def failing_service(self, node: Node) -> tuple[str, str] | None:
+        """The node's service that is not running or not healthy, with its last health output."""
+        for container in self.docker[node.name].compose.ps(all=True):
+            state = container.state
+            health = state.health.status if state.health else None
+            if not state.running or health in ("unhealthy", "starting"):
+                log = state.health.log if state.health and state.health.log else []
+                # Its last lines: what the check said, after whatever the libraries logged.
+                said = (log[-1].output or "").strip().splitlines() if log else []
+                return _service(container), "\n".join(said[-HEALTH_LINES:])
+        return None
+
+    def tail(self, node: Node, service: str, lines: int) -> str:
+        try:
+            return str(
+                self.docker[node.name].compose.logs([service], tail=str(lines), no_log_prefix=True)
+            )
+        except DockerException as e:
+            return f"(logs unavailable: {reason(e)})"
+
+    @contextlib.contextmanager
+    def follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:
+        """The service's log lines as they come, then None when it ends. python-on-whales streams
+        a log until the container stops and cannot end it sooner, and a `logs --follow` left
+        behind would outlive the command: so this is the one Docker command the tool runs as a
+        process of its own (python-on-whales's compose command line), ended on leaving."""
+        cmd = [*self.docker[node.name].client_config.docker_compose_cmd, "logs", "--follow"]
+        follower = subprocess.Popen(
+            [*map(str, cmd), "--no-log-prefix", service],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        assert follower.stdout is not None
+        try:
+            yield pump(raw.decode(errors="replace").rstrip("\n") for raw in follower.stdout)
+        finally:
+            follower.terminate()
+            follower.wait()
+
+    def remove(self, node: Node, service: str) -> None:
+        self.docker[node.name].compose.rm([service], stop=True, volumes=True)
+
+    def down(self, nodes: list[Node] | None = None) -> dict[str, str]:
+        """Every node (or those given) in parallel; node -> 'removed' or why it is not clean."""
+
+        def one(node: Node) -> Callable[[], object]:
+            return lambda: self.docker[node.name].compose.down(
+                remove_orphans=True, volumes=True, quiet=True
+            )
+
+        chosen = self.cluster.nodes if nodes is None else nodes
+        outcome = each({n.name: one(n) for n in chosen}, DOWN_TIMEOUT)
+        return {
+            name: f"failed: {reason(found)}" if isinstance(found, BaseException) else "removed"
+            for name, found in outcome.items()
+        }
+
+    # Ray, read from the head's GCS inside its Ray container
+
+    def ray_nodes(self) -> dict[str, float] | None:
+        """IP -> GPUs of every node alive in Ray; None when the GCS does not answer."""
+        found: dict[str, float] | None = self._ray_view(probes.nodes(self.gcs))
+        return found
+
+    def gpu_slots(self) -> dict[str, dict[str, float]] | None:
+        """IP -> {"gpus": total, "free": free now} of every node alive in Ray."""
+        found: dict[str, dict[str, float]] | None = self._ray_view(probes.slots(self.gcs))
+        return found
+
+    def _ray_view(self, probe: list[str]) -> Any:
+        try:
+            return json.loads(self.execute(self.head, "ray", probe) or "{}")
+        except (DockerException, ValueError):
+            return None
+
+
+def _service(container: Container) -> str:
+    return (container.config.labels or {}).get(SERVICE, container.name)

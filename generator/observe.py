@@ -1,0 +1,126 @@
+"""Looking at a running group: each node's services and their health, the merged logs, and what is
+wrong with it (what `watch` acts on). Reads only; starts and writes nothing."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+
+from pydantic import BaseModel
+from python_on_whales import DockerException
+from python_on_whales.components.container.models import ContainerState
+
+from generator import readiness
+from generator.config import Node
+from generator.errors import reason
+from generator.fanout import each, pump
+from generator.fleet import Fleet
+
+STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
+
+
+class ServiceRow(BaseModel):
+    service: str | None
+    state: str | None
+    health: str | None
+
+
+class StatusRow(BaseModel):
+    """One node in `status --json`; `ray_alive_at_ip` only with the Ray backend, `error` only
+    when the node's engine did not answer."""
+
+    node: str
+    ip: str
+    services: list[ServiceRow] = []
+    error: str | None = None
+    ray_alive_at_ip: bool | None = None
+
+
+def status(fleet: Fleet) -> list[StatusRow]:
+    ray = fleet.cluster.backend == "ray"
+    alive = fleet.ray_nodes() if ray else {}
+    rows = []
+    for node in fleet.cluster.nodes:
+        row = StatusRow(node=node.name, ip=str(node.ip), services=[])
+        try:
+            row.services = [
+                ServiceRow(
+                    service=name,
+                    state=state.status,
+                    health=state.health.status if state.health else None,
+                )
+                for name, state in fleet.states(node).items()
+            ]
+        except DockerException as e:
+            row.error = reason(e)
+        if ray:
+            row.ray_alive_at_ip = str(node.ip) in alive if alive is not None else None
+        rows.append(row)
+    return rows
+
+
+def logs(fleet: Fleet, node: str | None, follow: bool) -> Iterator[str]:
+    """Lines of every node's services (or one node's), each prefixed by its node."""
+    nodes = [n for n in fleet.cluster.nodes if node in (None, n.name)]
+    merged: queue.Queue[str | None] = queue.Queue()
+    for n in nodes:
+        pump(_lines(fleet, n, follow), merged)
+    ended = 0
+    while ended < len(nodes):
+        line = merged.get()
+        if line is None:
+            ended += 1
+        else:
+            yield line
+
+
+def _lines(fleet: Fleet, node: Node, follow: bool) -> Iterator[str]:
+    try:
+        for _, chunk in fleet.docker[node.name].compose.logs(follow=follow, stream=True):
+            for line in chunk.decode(errors="replace").splitlines():
+                yield f"{node.name} | {line}"
+    except DockerException as e:
+        yield f"{node.name} | (logs unavailable: {reason(e)})"
+
+
+def problems(fleet: Fleet, deadline: float) -> list[str]:
+    """What is wrong with the running group, one line each; none when it serves: every service
+    of every node running, every node alive in Ray at its IP, and a real completion back from
+    serve within `deadline` seconds."""
+    found = _service_problems(fleet)
+    if found:
+        return found
+    if fleet.cluster.backend == "ray":
+        alive = fleet.ray_nodes()
+        if alive is None:
+            return [f"{fleet.head.name}: Ray's GCS does not answer"]
+        found += [
+            f"{n.name}: not alive in Ray at {n.ip}"
+            for n in fleet.cluster.nodes
+            if str(n.ip) not in alive
+        ]
+    return found + readiness.canary(fleet, deadline)
+
+
+def _service_problems(fleet: Fleet) -> list[str]:
+    def states(node: Node) -> Callable[[], dict[str, ContainerState]]:
+        return lambda: fleet.states(node)
+
+    seen = each({n.name: states(n) for n in fleet.cluster.nodes}, STATE_TIMEOUT)
+    # An engine that does not answer first: it explains what is missing elsewhere.
+    found = [
+        f"{name}: engine does not answer: {reason(state)}"
+        for name, state in seen.items()
+        if isinstance(state, BaseException)
+    ]
+    for node in fleet.cluster.nodes:
+        state = seen[node.name]
+        if isinstance(state, BaseException):
+            continue
+        for service in fleet.stacks[node.name].services:
+            if service.name not in state:
+                found.append(f"{node.name}: {service.name} is not there")
+            elif not state[service.name].running:
+                s = state[service.name]
+                found.append(f"{node.name}: {service.name} {s.status} (exit {s.exit_code})")
+    return found

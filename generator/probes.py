@@ -1,0 +1,61 @@
+"""Every command line of the wrapper's health tool (image/health.py, `vllm-compose-health` in the
+image), built in one place: the stacks' healthchecks, up's readiness probes, preflight's facts,
+the lock's manifest and the model sync."""
+
+from __future__ import annotations
+
+HEALTH = "vllm-compose-health"
+
+
+def ray(gcs: str, expect: list[str], gpus: int | None = None) -> list[str]:
+    """Healthy when every expected IP is alive in Ray (and the cluster has `gpus`)."""
+    cmd = [HEALTH, "ray", "--address", gcs, "--expect", ",".join(expect)]
+    return [*cmd, "--gpus", str(gpus)] if gpus is not None else cmd
+
+
+def serve(port: int, model: str, timeout: float | None = None) -> list[str]:
+    """Healthy when a real completion (max_tokens 1) comes back."""
+    cmd = [HEALTH, "serve", "--port", str(port), "--model", model]
+    return [*cmd, "--timeout", f"{timeout:g}"] if timeout is not None else cmd
+
+
+def nodes(gcs: str) -> list[str]:
+    return [HEALTH, "nodes", "--address", gcs]
+
+
+def slots(gcs: str) -> list[str]:
+    return [HEALTH, "slots", "--address", gcs]
+
+
+def facts(
+    interface: str,
+    ip: str,
+    listen: int,
+    peers: list[str] | None = None,
+    seconds: float | None = None,
+    model: str | None = None,
+    api_port: int | None = None,
+) -> list[str]:
+    """What preflight compares across nodes (the JSON `Facts`)."""
+    cmd = ["facts", "--interface", interface, "--ip", ip, "--listen", str(listen)]
+    if peers is not None:
+        cmd += ["--peers", ",".join(peers)]
+    if seconds is not None:
+        cmd += ["--seconds", f"{seconds:g}"]
+    if model is not None:
+        cmd += ["--model", model]
+    if api_port is not None:
+        cmd += ["--api-port", str(api_port)]
+    return [HEALTH, *cmd]
+
+
+def manifest(path: str) -> list[str]:
+    return [HEALTH, "manifest", path]
+
+
+def send(root: str, listen: str) -> list[str]:
+    return [HEALTH, "send", "--root", root, "--listen", listen]
+
+
+def receive(root: str, source: str, manifest_file: str) -> list[str]:
+    return [HEALTH, "receive", "--root", root, "--source", source, "--manifest", manifest_file]

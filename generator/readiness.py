@@ -1,0 +1,146 @@
+"""Is a service ready: its probe run in its container until it passes, its log followed for the
+line that says the server started (then probed every second) and for lines that mean it never
+will; and when not, why, read from the failing service's health output and log."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from dataclasses import dataclass, field
+
+from python_on_whales import DockerException
+
+from generator import diagnose, probes
+from generator.config import Node
+from generator.errors import PhaseError, reason
+from generator.fanout import each
+from generator.fleet import Fleet
+
+LOG_TAIL = 20
+PROBE_EVERY = 15  # seconds between probes until the log says the server started
+STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
+DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
+STATE_TIMEOUT = 30  # a canary that has not come back by its deadline plus this has failed
+
+
+def failure(
+    fleet: Fleet, node: Node, phase: str, message: str, hint: str | None = None, seen: str = ""
+) -> PhaseError:
+    """A PhaseError with the cause read from the failing service's log, its last health output
+    and its last log lines. `seen`: the log line that tripped a guard."""
+    detail = f"log line: {seen}\n" if seen else ""
+    failing = None if seen else fleet.failing_service(node)
+    if failing:
+        service, check = failing
+        log = fleet.tail(node, service, DIAGNOSE_LINES)
+        found = diagnose.cause(log)
+        message += f": {found}" if found else ""
+        detail += f"health check: {check}\n" if check else ""
+        tail = "\n".join(log.splitlines()[-LOG_TAIL:])
+        detail += f"last lines of {service} on {node.name}:\n{tail}"
+    return PhaseError(node.name, phase, message, detail, hint)
+
+
+@dataclass
+class Watched:
+    """What `wait` knows while it waits."""
+
+    fleet: Fleet
+    node: Node
+    service: str
+    phase: str
+    ranks: list[Node] = field(default_factory=list)  # other nodes whose `service` must run
+    started: bool = False
+    last: str = "not probed yet"
+
+    def probe(self, probe: list[str]) -> bool:
+        try:
+            self.fleet.execute(self.node, self.service, probe)
+            return True
+        except DockerException as e:
+            self.last = reason(e).removeprefix(f"{probes.HEALTH}: ")
+        for other in [self.node, *self.ranks]:
+            if not self.fleet.running(other, self.service):
+                raise failure(self.fleet, other, self.phase, f"{self.service} stopped")
+        return False
+
+    def read(self, line: str | None) -> None:
+        """One line of the followed log (None: it ended, the container stopped)."""
+        if line is None or STARTED in line:
+            self.started = True
+        elif tripped := diagnose.guard(line):
+            cause = placement_cause(self.fleet) if tripped is diagnose.PLACEMENT else None
+            raise failure(
+                self.fleet,
+                self.node,
+                self.phase,
+                cause or tripped.cause,
+                tripped.hint,
+                line.strip(),
+            )
+
+
+def wait(watched: Watched, probe: list[str], limit: float, follow: bool = False) -> None:
+    """Run `probe` in the service's container until it passes: every PROBE_EVERY seconds, and
+    every second once the followed log says the server started. Fails at once when the
+    container stops, with the cause from its log."""
+    fleet, node = watched.fleet, watched.node
+    watched.started = not follow
+    with fleet.follow(node, watched.service) if follow else contextlib.nullcontext() as lines:
+        start = reported = time.monotonic()
+        probed = start - PROBE_EVERY
+        while True:
+            now = time.monotonic()
+            if now - probed >= (1 if watched.started else PROBE_EVERY):
+                probed = now
+                if watched.probe(probe):
+                    return
+            if now - start > limit:
+                message = f"not ready after {limit:g} s: {watched.last}"
+                raise failure(fleet, node, watched.phase, message)
+            if now - reported >= 5:
+                elapsed = f"{now - start:.0f} s"
+                fleet.report(f"{watched.phase}: {node.name} not ready ({elapsed}): {watched.last}")
+                reported = now
+            _read_a_second(watched, lines)
+
+
+def _read_a_second(watched: Watched, lines: queue.Queue[str | None] | None) -> None:
+    """The followed log's lines for up to a second (each checked against the guards), or a
+    second's sleep when there is no log to follow; back early once the server has started."""
+    deadline = time.monotonic() + 1
+    while (left := deadline - time.monotonic()) > 0:
+        if lines is None:
+            time.sleep(left)
+            return
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            return
+        was_started = watched.started
+        watched.read(line)
+        if line is None:
+            lines = None
+        elif watched.started and not was_started:
+            return
+
+
+def canary(fleet: Fleet, deadline: float) -> list[str]:
+    """One real completion inside serve, as its healthcheck sends, within `deadline`."""
+    head, c = fleet.head, fleet.cluster
+    probe = probes.serve(c.vllm.port, c.served_model_name, deadline)
+    run = lambda: fleet.execute(head, "serve", probe)  # noqa: E731
+    outcome = each({head.name: run}, deadline + STATE_TIMEOUT)[head.name]
+    if isinstance(outcome, BaseException):
+        return [f"{head.name}: canary: {reason(outcome).removeprefix(f'{probes.HEALTH}: ')}"]
+    return []
+
+
+def placement_cause(fleet: Fleet) -> str | None:
+    """Which node keeps Ray from placing vLLM's workers, from every node's GPU slots."""
+    slots = fleet.gpu_slots()
+    short = diagnose.placement_shortfall(fleet.cluster, slots) if slots is not None else []
+    if not short:
+        return None
+    return f"Ray cannot place vLLM's workers: {'; '.join(short)} (vLLM would wait 1800 s)"

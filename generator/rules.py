@@ -1,0 +1,143 @@
+"""The config's cross-field rules, each naming the culprit by its dotted path, and the settings
+that are allowed but risky (warnings). Pure functions of a `Cluster`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from generator.config import Cluster
+
+# Values vllm-compose derives per node; setting them by hand would make nodes disagree.
+PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# NCCL settings a node's own hardware decides (its RDMA devices): never copied from the head.
+PER_NODE_HARDWARE_ENV = ("NCCL_IB_HCA",)
+SECRET_ENV = {
+    "VLLM_API_KEY": "api_key_file",
+    "RAY_AUTH_TOKEN": "ray_token_file",
+    "HF_TOKEN": "hf_token_file",
+    "HUGGING_FACE_HUB_TOKEN": "hf_token_file",
+}
+MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
+RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+# `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
+NAMED_FLAGS = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+    "--distributed-executor-backend": "backend (top level)",
+    "--safetensors-load-strategy": "safetensors_load_strategy",
+    "--nnodes": "backend: native (derived from nodes)",
+    "--node-rank": "backend: native (derived from nodes)",
+    "--master-addr": "backend: native (derived from the head node)",
+    "--master-port": "master_port",
+    "--headless": "backend: native (derived from nodes)",
+}
+
+
+def problems(c: Cluster) -> list[str]:
+    return [*_node_problems(c), *_parallel_problems(c), *_override_problems(c)]
+
+
+def _duplicates(values: list[str]) -> dict[int, int]:
+    """Index of each repeated value -> index of its first occurrence."""
+    first: dict[str, int] = {}
+    repeats = {}
+    for i, value in enumerate(values):
+        j = first.setdefault(value, i)
+        if j != i:
+            repeats[i] = j
+    return repeats
+
+
+def _node_problems(c: Cluster) -> list[str]:
+    problems = []
+    for field, values in (
+        ("name", [n.name for n in c.nodes]),
+        ("ip", [str(n.ip) for n in c.nodes]),
+        ("context", [n.docker_context for n in c.nodes]),
+    ):
+        for i, j in _duplicates(values).items():
+            problems.append(
+                f"nodes.{i}.{field}: {values[i]} is already used by node '{c.nodes[j].name}'"
+            )
+    heads = [i for i, n in enumerate(c.nodes) if n.role == "head"]
+    problems += [
+        f"nodes.{i}.role: a second head; only one node may say 'role: head'" for i in heads[1:]
+    ]
+    problems += [
+        f"nodes.{i}.interface: no interface for node '{n.name}'; set `interface` at the top level"
+        " or on the node"
+        for i, n in enumerate(c.nodes)
+        if not c.interface_of(n)
+    ]
+    return problems
+
+
+def _parallel_problems(c: Cluster) -> list[str]:
+    tp, pp = c.tensor_parallel_size, c.vllm.pipeline_parallel_size
+    if tp * pp > c.gpu_total:
+        return [
+            f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} GPUs asked for,"
+            f" the nodes have {c.gpu_total}"
+        ]
+    return []
+
+
+def _override_problems(c: Cluster) -> list[str]:
+    problems = [
+        f"env.{key}: set per node by vllm-compose from nodes[].ip / interface; remove it here"
+        for key in PER_NODE_ENV
+        if key in c.env
+    ]
+    problems += [
+        f"env.{key}: a secret in env shows in `docker inspect`; put it in the file "
+        f"secrets.{field} names"
+        for key, field in SECRET_ENV.items()
+        if key in c.env
+    ]
+    problems += [
+        f"env.{key}: set by vllm-compose from ray.token_auth; set that instead"
+        for key in RAY_AUTH_ENV
+        if key in c.env
+    ]
+    if c.backend == "ray" and "VLLM_CONFIG_ROOT" in c.env:
+        problems.append(
+            "env.VLLM_CONFIG_ROOT: set by vllm-compose (backend ray): it holds the list that keeps"
+            " per-node variables on their node; remove it here"
+        )
+    for i, arg in enumerate(c.vllm.args):
+        if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
+            problems.append(
+                f"vllm.args.{i}: a secret on the command line shows in `ps` and `docker inspect`;"
+                " use secrets.api_key_file / secrets.hf_token_file"
+            )
+        flag = arg.split("=", 1)[0]
+        if flag in NAMED_FLAGS:
+            problems.append(
+                f"vllm.args.{i}: {flag} has a named field ({NAMED_FLAGS[flag]}); set it there"
+            )
+    return problems
+
+
+def warnings(c: Cluster) -> list[str]:
+    """Allowed but risky settings, shown by validate and render."""
+    found = []
+    if c.backend == "ray" and c.env.get(MEMORY_MONITOR, "0") != "0":
+        found.append(
+            f"env.{MEMORY_MONITOR}: overriding the default 0 re-enables Ray's memory monitor,"
+            " which kills workers during weight loading on unified-memory GPUs"
+        )
+    if c.backend == "ray" and not c.ray.token_auth:
+        found.append(
+            "ray.token_auth: off; Ray's GCS and node ports listen on every address of every node"
+            " and run whatever anyone who reaches them sends"
+        )
+    if "--trust-remote-code" in c.vllm.args:
+        found.append("vllm.args: --trust-remote-code runs code from the model repository")
+    return found

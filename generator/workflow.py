@@ -1,0 +1,110 @@
+"""Opening a config for a command, as data: the cluster (pinned by its lock when it has one), the
+lock, the secret files, the render plan, and one deployment over the nodes' contexts.
+
+Commands that start or check things write the node folders (and the secret files into them);
+read-only ones (`status`, `logs`, `down`) render into a temporary folder and write nothing of the
+user's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from generator import config, lock, output, render, secrets
+from generator.deploy import Deployment, Timeouts
+from generator.errors import DriftError
+from generator.fanout import Report
+from generator.fleet import Fleet
+
+
+@dataclass
+class Plan:
+    """What rendering writes: every file's change, and node folders no node uses any more."""
+
+    folder: Path
+    changes: list[output.Change]
+    stale: list[Path]
+
+
+@dataclass
+class Opened:
+    cluster: config.Cluster  # as rendered: with a lock, its image is the locked ID
+    locked: lock.Lock | None
+    secrets: secrets.Local | None
+    plan: Plan
+    deployment: Deployment
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.deployment.fleet
+
+
+def plan(
+    path: Path, cluster: config.Cluster, outdir: Path | None, found: secrets.Local | None
+) -> Plan:
+    """The node folders rendered from the config; with `found`, each carries its secrets."""
+    folder = outdir or Path("compose") / cluster.name
+    contents = {n: p.read_text(encoding="utf-8") for n, p in found.files.items()} if found else None
+    files = render.render(cluster, path.name, contents)
+    return Plan(folder, output.plan(files, folder), output.stale(files, folder))
+
+
+def pinned(
+    path: Path, cluster: config.Cluster, strict: bool
+) -> tuple[config.Cluster, lock.Lock | None]:
+    """The cluster with its base image named by its lock's ID, when it has a lock. `strict`
+    (commands that start things): a config changed since its lock is an error."""
+    locked = lock.read(path)
+    if not locked:
+        return cluster, None
+    drift = lock.config_drift(cluster, locked) if strict else []
+    if drift:
+        raise DriftError(drift, lock.path_for(path))
+    return lock.pinned(cluster, locked), locked
+
+
+def relock(path: Path, outdir: Path | None, report: Report, found: secrets.Local) -> lock.Lock:
+    """Resolve the config on its head now (rendered without a lock) and write the lock."""
+    cluster = config.load(path)
+    rendered = plan(path, cluster, outdir, found)
+    output.apply(rendered.changes)
+    resolved = lock.resolve(Fleet(cluster, rendered.folder, report, found.files))
+    lock.write(path, resolved)
+    return resolved
+
+
+@contextlib.contextmanager
+def opened(
+    path: Path,
+    outdir: Path | None,
+    report: Report,
+    *,
+    strict: bool = False,
+    update_lock: bool = False,
+    with_secrets: bool = False,
+    timeouts: Timeouts | None = None,
+) -> Iterator[Opened]:
+    """The config opened for a command. `update_lock`: re-lock from the head first, accepting
+    drift. `with_secrets`: the secret files beside the config (the defaults generated when
+    missing) go into the node folders and onto the nodes. Without it the command only reads, and
+    its compose files live in a temporary folder for as long as it runs."""
+    cluster = config.load(path)
+    found = secrets.local(path, cluster) if with_secrets else None
+    if update_lock and found:
+        relock(path, outdir, report, found)
+    cluster, locked = pinned(path, cluster, strict)
+    with contextlib.ExitStack() as stack:
+        folder = outdir
+        if not with_secrets:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-compose-")))
+        rendered = plan(path, cluster, folder, found)
+        output.apply(rendered.changes)
+        fleet = Fleet(cluster, rendered.folder, report, found.files if found else {})
+        deployment = Deployment(
+            fleet, locked, lock.path_for(path), update_lock, timeouts or Timeouts()
+        )
+        yield Opened(cluster, locked, found, rendered, deployment)
