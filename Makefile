@@ -15,9 +15,9 @@ compose:  ## render compose/<name>/<node>/ for every node of $(CONFIG)
 image:  ## build the wrapper image over $(BASE_IMAGE)
 	docker build --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
-lint:
-	ruff check generator tests
-	ruff format --check generator tests
+lint:  ## ruff (lint and format) and strict mypy over every tree
+	ruff check generator image tests benchmarks
+	ruff format --check generator image tests benchmarks
 	mypy
 
 test: setup lint  ## set up, lint and type-check, then run the whole suite on a real engine
@@ -33,13 +33,13 @@ down:  ## stop and remove the stack on every node of $(CONFIG)
 	vllm-compose down $(CONFIG)
 
 testbed:  ## emulated nodes: network namespaces with their own engines and contexts
-	$(PY) -m tests.testbed up --nodes 2
+	$(PY) -m tests.support.testbed up --nodes 2
 
 testbed-down:
-	$(PY) -m tests.testbed down
+	$(PY) -m tests.support.testbed down
 
 demo: setup  ## real vLLM, TP=2 over Ray across two emulated nodes, deployed by vllm-compose up (BACKEND=native: vLLM's own multi-node mode)
-	$(PY) -m tests.demo up $(BACKEND)
+	$(PY) -m tests.support.demo up $(BACKEND)
 
 demo-down:
-	$(PY) -m tests.demo down
+	$(PY) -m tests.support.demo down

@@ -3,11 +3,11 @@ link, in the same run; then the bytes a second sync moves (goal: 0).
 
     python -m benchmarks.model_sync [--size-mb N]
 
-Two emulated nodes (tests/testbed.py), the Ray stand-in image as the base, a model of four random
-files on the head only. The lock is written first (not timed: it hashes the model once, as
-`vllm-compose lock` does); sync-model then checks every received byte against it. The raw copy
-runs `tar -c | nc` in the head's network namespace and `nc -l | tar -x` in the worker's, with no
-check at all.
+Two emulated nodes (tests/support/testbed.py), the Ray stand-in image as the base, a model of four
+random files on the head only. The lock is written first (not timed: it hashes the model once, as
+`vllm-compose lock` does); sync-model then checks every received byte against it. The raw copy runs
+`tar -c | nc` in the head's network namespace and `nc -l | tar -x` in the worker's, with no check at
+all.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from tests import clusters, images
-from tests.testbed import MODELS, STATE, Testbed
+from tests.support import clusters, images
+from tests.support.testbed import MODELS, STATE, Testbed
 
 WORK = Path("/tmp/vllm-compose-bench-sync")
 NAME = "bench-model"

@@ -3,8 +3,8 @@
 
     python -m benchmarks.time_to_named_error
 
-The Ray stand-in image (tests/images.py) on three emulated nodes (tests/testbed.py); each fault is
-undone before the next. A healthy run is timed too, as the baseline.
+The Ray stand-in image (tests/support/images.py) on three emulated nodes (tests/support/testbed.py);
+each fault is undone before the next. A healthy run is timed too, as the baseline.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from tests import clusters, images
-from tests.testbed import STATE, Testbed, sh
+from tests.support import clusters, images
+from tests.support.testbed import STATE, Testbed, sh
 
 WORK = Path("/tmp/vllm-compose-bench-errors")
 Fault = Callable[[Testbed, Path], contextlib.AbstractContextManager[None]]

@@ -3,11 +3,11 @@ model started by hand with plain `docker run` on the same emulated nodes, in the
 
     python -m benchmarks.time_to_serve [--runs N] [--backend native|ray]
 
-Real vLLM (CPU build), tensor parallel 2 over two emulated nodes (tests/testbed.py). By hand, the
-native backend is two `docker run`s (worker rank, then head); the Ray backend is vLLM's
-run_cluster.sh way: a Ray head and a Ray worker container (`docker run ... ray start`), then
-`vllm serve ... --distributed-executor-backend ray` run inside the head's container.
-Both ways run alternately, so drift on this shared machine hits both alike; medians are compared.
+Real vLLM (CPU build), tensor parallel 2 over two emulated nodes (tests/support/testbed.py). By
+hand, the native backend is two `docker run`s (worker rank, then head); the Ray backend is vLLM's
+run_cluster.sh way: a Ray head and a Ray worker container (`docker run ... ray start`), then `vllm
+serve ... --distributed-executor-backend ray` run inside the head's container. Both ways run
+alternately, so drift on this shared machine hits both alike; medians are compared.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from tests import clusters, images
-from tests.testbed import IFNAME, MODELS, STATE, Node, Testbed
+from tests.support import clusters, images
+from tests.support.testbed import IFNAME, MODELS, STATE, Node, Testbed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT, MASTER_PORT = 30000, 29501

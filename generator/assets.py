@@ -9,4 +9,11 @@ _PACKAGE = Path(__file__).parent
 ROOT = _PACKAGE / "_assets" if (_PACKAGE / "_assets").is_dir() else _PACKAGE.parent
 TEMPLATES = ROOT / "templates"
 # Files of the wrapper image's build context, relative to ROOT (as the Dockerfile's COPY expects).
-IMAGE_FILES = ("Dockerfile", "image/entrypoint.sh", "image/health.py")
+IMAGE_FILES = (
+    "Dockerfile",
+    "image/entrypoint.sh",
+    "image/health.py",
+    "image/facts.py",
+    "image/raychecks.py",
+    "image/transfer.py",
+)

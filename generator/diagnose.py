@@ -7,6 +7,7 @@ See root cause above"), so the first exception line of the log is the one to sho
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from generator.config import Cluster
@@ -69,7 +70,7 @@ def guard(line: str) -> Guard | None:
     return next((g for g in GUARDS if re.search(g.marker, line)), None)
 
 
-def placement_shortfall(cluster: Cluster, slots: dict[str, dict[str, float]]) -> list[str]:
+def placement_shortfall(cluster: Cluster, slots: Mapping[str, Mapping[str, float]]) -> list[str]:
     """Why Ray cannot place vLLM's workers, node by node, from every alive Ray node's GPU slots
     (IP -> {"gpus": total, "free": free now}): a node not alive at its IP, or with fewer slots
     free than it contributes."""

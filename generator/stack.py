@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 
-from generator import probes
+from generator import services
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
+from generator.services import Service
 
-# The head's temp folder, shared by its Ray container and serve: Ray's session (plasma and raylet
-# sockets, FAILURES #13) and vLLM's local ZMQ ipc:// sockets (VLLM_RPC_BASE_PATH) between the
-# driver in serve and its rank-0 Ray worker in the Ray container. Without it both wait forever
-# after the weights load, with no error.
-SHARED_TMP = "/tmp"
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
 # key in serve, Ray's token in every Ray service and serve). compose.yaml names them as
 # ${SECRETS_ENV:-./secrets}/<file>: by hand, the copies in the node's own folder; under
@@ -44,32 +40,6 @@ def model_mount(path: str) -> str:
     if parts.parent.name == "snapshots":
         return str(parts.parent.parent)
     return path
-
-
-@dataclass(frozen=True)
-class Health:
-    test: list[str]
-    start_period: int
-    interval: int = 5
-    timeout: int = 30
-    retries: int = 3
-
-
-@dataclass(frozen=True)
-class Service:
-    name: str
-    command: list[str]
-    health: Health | None
-    depends_on: str | None = None
-    # Ray >= 2.5x finds the local raylet by scanning processes: a driver in another container must
-    # see the head's processes, not only its /tmp/ray sockets (FAILURES #13).
-    pid_of: str | None = None
-    volumes: list[str] = field(default_factory=list)  # named volumes, "name:/path"
-    environment: dict[str, str] = field(default_factory=dict)
-    model: str | None = None  # mounted read-only at the same path (see model_mount)
-    secrets: list[str] = field(default_factory=list)  # names of SECRET_NAMES
-    configs: list[tuple[str, str]] = field(default_factory=list)  # (NodeStack.configs name, target)
-    fingerprint: str = ""  # set by NodeStack.services (see _fingerprint)
 
 
 @dataclass(frozen=True)
@@ -150,7 +120,7 @@ class NodeStack:
         return {"vllm-ray-env": self.carry_over_exclusions} if self.cluster.backend == "ray" else {}
 
     @property
-    def _configs(self) -> list[tuple[str, str]]:
+    def config_targets(self) -> list[tuple[str, str]]:
         """(config, target) for each Ray service."""
         return [("vllm-ray-env", f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}")] if self.configs else []
 
@@ -164,10 +134,7 @@ class NodeStack:
 
     @cached_property
     def services(self) -> list[Service]:
-        if self.cluster.backend == "native":
-            own = [self._native_serve()]
-        else:
-            own = [self._ray_head(), self._serve()] if self.is_head else [self._ray_worker()]
+        own = services.own(self)
         model = model_mount(self.cluster.model.path)
         done = [replace(s, environment=self.environment | s.environment, model=model) for s in own]
         return [replace(s, fingerprint=self._fingerprint(s)) for s in done]
@@ -220,116 +187,3 @@ class NodeStack:
     @property
     def named_volumes(self) -> list[str]:
         return ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
-
-    # Ray backend
-
-    def _ray_start(self) -> list[str]:
-        c = self.cluster
-        cmd = ["ray", "start", "--block", "--node-ip-address", str(self.node.ip)]
-        cmd += ["--num-gpus", str(self.node.gpus), "--disable-usage-stats"]
-        store = c.ray.object_store_memory or c.settings.object_store_memory
-        if store:
-            cmd += ["--object-store-memory", str(store)]
-        return cmd
-
-    def _ray_head(self) -> Service:
-        c = self.cluster
-        cmd = [*self._ray_start(), "--head", "--port", str(c.ray.port)]
-        if c.ray.dashboard:
-            cmd += ["--include-dashboard=true", "--dashboard-host", str(self.node.ip)]
-        else:
-            cmd += ["--include-dashboard=false"]
-        everyone = [str(n.ip) for n in c.nodes]
-        test = ["CMD", *probes.ray(self.gcs_address, everyone, c.gpu_total)]
-        return Service(
-            "ray",
-            cmd,
-            Health(test, start_period=300),
-            volumes=[f"shared-tmp:{SHARED_TMP}"],
-            secrets=self._ray_secrets,
-            configs=self._configs,
-        )
-
-    def _ray_worker(self) -> Service:
-        cmd = [*self._ray_start(), "--address", self.gcs_address]
-        test = ["CMD", *probes.ray(self.gcs_address, [str(self.node.ip)])]
-        env = {"VLLM_COMPOSE_WAIT_FOR": self.gcs_address}
-        return Service(
-            "ray",
-            cmd,
-            Health(test, start_period=300),
-            environment=env,
-            secrets=self._ray_secrets,
-            configs=self._configs,
-        )
-
-    @property
-    def _ray_secrets(self) -> list[str]:
-        return ["ray_token"] if "ray_token" in self.secrets else []
-
-    def _serve(self) -> Service:
-        cmd = [
-            *self._vllm_serve(),
-            "--distributed-executor-backend",
-            "ray",
-            *self.cluster.vllm.args,
-        ]
-        return Service(
-            "serve",
-            cmd,
-            self._serve_health(),
-            depends_on="ray",
-            pid_of="ray",
-            volumes=[f"shared-tmp:{SHARED_TMP}"],
-            environment={"RAY_ADDRESS": self.gcs_address},
-            secrets=list(self.secrets),
-            configs=self._configs,
-        )
-
-    # Native backend
-
-    def _native_serve(self) -> Service:
-        c = self.cluster
-        cmd = [*self._vllm_serve(), "--nnodes", str(len(c.nodes)), "--node-rank", str(self._rank)]
-        cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
-        secrets = list(self.secrets)
-        if self.is_head:
-            return Service(
-                "serve",
-                [*cmd, *c.vllm.args],
-                self._serve_health(),
-                secrets=secrets,
-            )
-        # A headless rank has no API to probe; the head's completion gate proves it works.
-        cmd = [*cmd, "--headless", *c.vllm.args]
-        return Service("serve", cmd, None, secrets=secrets)
-
-    @property
-    def _rank(self) -> int:
-        """The head is rank 0; workers follow in config order."""
-        return [self.cluster.head, *self.cluster.workers].index(self.node)
-
-    # Shared
-
-    def _vllm_serve(self) -> list[str]:
-        c, v = self.cluster, self.cluster.vllm
-        utilization = v.gpu_memory_utilization or c.settings.gpu_memory_utilization
-        cmd = ["vllm", "serve", c.model.path]
-        cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
-        cmd += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
-        cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(v.port)]
-        if v.max_model_len:
-            cmd += ["--max-model-len", str(v.max_model_len)]
-        if v.served_model_name:
-            cmd += ["--served-model-name", v.served_model_name]
-        strategy = v.safetensors_load_strategy or c.settings.safetensors_load_strategy
-        if strategy:
-            cmd += ["--safetensors-load-strategy", strategy]
-        return cmd
-
-    def _serve_health(self) -> Health:
-        c = self.cluster
-        test = ["CMD", *probes.serve(c.vllm.port, c.served_model_name)]
-        # Every check is a real completion: every 15 s, not 5, so checks do not compete with the
-        # model load for CPU, nor with traffic later. `up` does not wait on it (it probes itself).
-        return Health(test, start_period=c.vllm.startup_timeout, interval=15)

@@ -41,6 +41,13 @@ class Policy:
         return float(min(self.backoff * 2**recoveries, self.backoff_max))
 
 
+@dataclass
+class _State:
+    failed: int = 0  # checks in a row with a problem
+    recoveries: int = 0  # in a row, without `stable` seconds of health between them
+    recovered_at: float = 0.0
+
+
 def watch(
     group: Group,
     policy: Policy,
@@ -49,41 +56,55 @@ def watch(
     sleep: Callable[[float], None] = time.sleep,
 ) -> NoReturn:
     """Check, recover, repeat; returns only by raising (WatchGaveUp after the cap)."""
-    failed = 0  # checks in a row with a problem
-    recoveries = 0  # in a row, without `stable` seconds of health between them
-    recovered_at = clock()
+    state = _State(recovered_at=clock())
     while True:
         problems = group.problems(policy.deadline)
         if not problems:
-            if recoveries and clock() - recovered_at >= policy.stable:
-                report(f"watch: healthy for {policy.stable:g} s; the recovery count starts again")
-                recoveries = 0
-            report("watch: ok" if not failed else "watch: ok again")
-            failed = 0
+            _healthy(state, policy, report, clock)
             sleep(policy.interval)
             continue
-        failed += 1
-        report(f"watch: check failed ({failed}/{policy.failures}): {'; '.join(problems)}")
-        if failed < policy.failures:
+        state.failed += 1
+        report(f"watch: check failed ({state.failed}/{policy.failures}): {'; '.join(problems)}")
+        if state.failed < policy.failures:
             sleep(policy.interval)
-            continue
-        if recoveries >= policy.max_recoveries:
-            report("watch: giving up; taking the group down on every node")
-            raise WatchGaveUp(recoveries, problems[0], group.down())
-        delay = policy.delay(recoveries)
-        recoveries += 1
-        report(
-            f"watch: recovery {recoveries}/{policy.max_recoveries} in {delay:g} s:"
-            f" recreating the whole group ({problems[0]})"
-        )
-        sleep(delay)
-        try:
-            group.recreate()
-        except VllmComposeError as e:
-            # The next check fails at once and leads to the next, longer back-off.
-            report(f"watch: recovery {recoveries} failed: {e.message}")
-            continue
-        report(f"watch: recovery {recoveries} done: serving again")
-        failed = 0
-        recovered_at = clock()
-        sleep(policy.interval)
+        elif _recovered(group, state, problems[0], policy, report, sleep):
+            state.failed, state.recovered_at = 0, clock()
+            sleep(policy.interval)
+        # A recovery that failed: the next check fails at once and leads to a longer back-off.
+
+
+def _healthy(state: _State, policy: Policy, report: Report, clock: Callable[[], float]) -> None:
+    if state.recoveries and clock() - state.recovered_at >= policy.stable:
+        report(f"watch: healthy for {policy.stable:g} s; the recovery count starts again")
+        state.recoveries = 0
+    report("watch: ok" if not state.failed else "watch: ok again")
+    state.failed = 0
+
+
+def _recovered(
+    group: Group,
+    state: _State,
+    problem: str,
+    policy: Policy,
+    report: Report,
+    sleep: Callable[[float], None],
+) -> bool:
+    """One recovery after its back-off; whether the group was recreated. After the cap, the
+    group is taken down and WatchGaveUp raised."""
+    if state.recoveries >= policy.max_recoveries:
+        report("watch: giving up; taking the group down on every node")
+        raise WatchGaveUp(state.recoveries, problem, group.down())
+    delay = policy.delay(state.recoveries)
+    state.recoveries += 1
+    report(
+        f"watch: recovery {state.recoveries}/{policy.max_recoveries} in {delay:g} s:"
+        f" recreating the whole group ({problem})"
+    )
+    sleep(delay)
+    try:
+        group.recreate()
+    except VllmComposeError as e:
+        report(f"watch: recovery {state.recoveries} failed: {e.message}")
+        return False
+    report(f"watch: recovery {state.recoveries} done: serving again")
+    return True

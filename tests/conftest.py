@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.testbed import Testbed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -15,13 +21,13 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(scope="session")
-def testbed():  # type: ignore[no-untyped-def]
+def testbed() -> Iterator[Testbed]:
     """Three emulated nodes with their own engines, the Ray stand-in image and its model folder
     on each."""
     from python_on_whales import DockerClient
 
-    from tests import clusters, images
-    from tests.testbed import running
+    from tests.support import clusters, images
+    from tests.support.testbed import running
 
     image = images.standin_base(DockerClient())
     with running(3) as bed:
@@ -31,14 +37,14 @@ def testbed():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def vllm_testbed(testbed):  # type: ignore[no-untyped-def]
+def vllm_testbed(testbed: Testbed) -> Testbed:
     """The testbed's first two nodes with the real-vLLM image and the tiny model on each."""
     import shutil
     from pathlib import Path
 
     from python_on_whales import DockerClient
 
-    from tests import images
+    from tests.support import images
 
     root = DockerClient()
     image, model = images.vllm_base(root), images.tiny_model(root)

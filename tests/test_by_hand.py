@@ -10,13 +10,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests import clusters, images
-from tests.clusters import cli
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import Node, Testbed
 from tests.test_e2e import MODEL, VLLM, VLLM_RAY
-from tests.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -46,7 +47,7 @@ def done(proc: subprocess.Popen[str], seconds: float = 900) -> str:
     return out
 
 
-def answered(node: Node, folder: Path, seconds: float = 600) -> dict:
+def answered(node: Node, folder: Path, seconds: float = 600) -> dict[str, Any]:
     """A chat completion from `node`, with the key the head's folder holds; retried (every 3 s,
     at most `seconds`) while the model loads."""
     key = (folder / "secrets" / "api-key").read_text().strip()
@@ -89,7 +90,7 @@ def down(head: Node, worker: Node, folders: Path, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["native", "ray"])
 def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere(
-    pair, backend: str
+    pair: Pair, backend: str
 ) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]

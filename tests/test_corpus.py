@@ -14,8 +14,8 @@ import pytest
 from python_on_whales import DockerClient
 
 from generator import cli as commands
-from tests import images
-from tests.clusters import cli
+from tests.support import images
+from tests.support.clusters import cli
 from tests.test_config import BASE
 from tests.test_render import HOSTILE
 

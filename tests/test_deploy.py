@@ -1,5 +1,5 @@
 """`vllm-compose up/down/status/logs` on the multi-node testbed: real engines, real Compose, real
-Ray across network namespaces. The serve process is the Ray STAND-IN (tests/standin_vllm.py)."""
+Ray across network namespaces. The serve process is the Ray STAND-IN (tests/support/standin_vllm.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from python_on_whales import Container, DockerClient
 
-from tests import clusters, images
-from tests.clusters import cli, containers
-from tests.testbed import Node, Testbed
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli, containers
+from tests.support.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -33,19 +34,22 @@ def stack(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
 
 
 def first_healthy(container: Container) -> datetime:
-    passed = [e.end for e in container.state.health.log if e.exit_code == 0]
+    health = container.state.health
+    passed = [e.end for e in (health.log or [] if health else []) if e.exit_code == 0 and e.end]
     assert passed, f"{container.name} never passed its health check"
     return passed[0]
 
 
-def completion_from(node: Node, url: str, config: Path) -> dict:
+def completion_from(node: Node, url: str, config: Path) -> dict[str, Any]:
     auth = f"Authorization: Bearer {clusters.api_key(config)}"
     body = '{"prompt": "hi", "max_tokens": 1}'
     out = node.nsexec("curl", "-sf", "-m", "10", url, "-H", auth, "-d", body)
-    return json.loads(out.stdout)
+    return dict(json.loads(out.stdout))
 
 
-def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(stack) -> None:
+def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(
+    stack: Pair,
+) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "pair", [head, worker])
@@ -59,7 +63,9 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(
     on_head, on_worker = containers(head, "pair"), containers(worker, "pair")
     assert set(on_head) == {"ray", "serve"} and set(on_worker) == {"ray"}
     head_ray, serve, worker_ray = on_head["ray"], on_head["serve"], on_worker["ray"]
-    assert serve.state.started_at > first_healthy(worker_ray) > head_ray.state.started_at
+    started = serve.state.started_at, head_ray.state.started_at
+    assert started[0] and started[1]
+    assert started[0] > first_healthy(worker_ray) > started[1]
 
     status = json.loads(cli("status", config, "--json", cwd=tmp).stdout)
     assert [(r["node"], r["ray_alive_at_ip"]) for r in status] == [
@@ -79,7 +85,7 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_waits_for_the_worker(
     assert all(line.startswith("spark1 | ") for line in logs)
 
 
-def test_a_worker_that_cannot_join_fails_its_phase_naming_the_node(stack) -> None:
+def test_a_worker_that_cannot_join_fails_its_phase_naming_the_node(stack: Pair) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "nojoin", [head, worker])
@@ -97,7 +103,7 @@ def test_a_worker_that_cannot_join_fails_its_phase_naming_the_node(stack) -> Non
     assert "serve" not in containers(head, "nojoin")
 
 
-def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack) -> None:
+def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack: Pair) -> None:
     bed, tmp = stack
     config = write_config(tmp / "c.yaml", "trio", bed.nodes)
     assert cli("up", config, cwd=tmp).returncode == 0
@@ -115,7 +121,7 @@ def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack) -> 
         assert clusters.leftovers(node, "trio") == []
 
 
-def test_a_changed_config_recreates_only_what_changed(stack) -> None:
+def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "change", [head, worker])
@@ -130,7 +136,7 @@ def test_a_changed_config_recreates_only_what_changed(stack) -> None:
     assert containers(worker, "change")["ray"].id == worker_before
 
 
-def test_external_default_route_needs_forced_node_ips(stack) -> None:
+def test_external_default_route_needs_forced_node_ips(stack: Pair) -> None:
     """The field failure: the head's default route is an "external" address the workers cannot
     reach. The generated stack pins every node's IP and forms the cluster; the same stack without
     --node-ip-address on the head lets Ray register the external address, and the gate says so."""
@@ -180,7 +186,7 @@ def test_external_default_route_needs_forced_node_ips(stack) -> None:
         bed.remove_external_default_route(head)
 
 
-def test_deploy_over_real_ssh_contexts(stack) -> None:
+def test_deploy_over_real_ssh_contexts(stack: Pair) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     contexts = [bed.ssh_context(head), bed.ssh_context(worker)]
@@ -196,7 +202,7 @@ def test_deploy_over_real_ssh_contexts(stack) -> None:
     assert containers(head, "overssh") == {}
 
 
-def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack) -> None:
+def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack: Pair) -> None:
     bed, tmp = stack
     head, worker, third = bed.nodes
     config = write_config(tmp / "c.yaml", "partial", [head, worker, third])
@@ -212,7 +218,7 @@ def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack) -> 
     assert containers(head, "partial") == {} and containers(worker, "partial") == {}
 
 
-def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack) -> None:
+def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pair) -> None:
     """Ray 2.58 binds its GCS and node ports to every address, --node-ip-address or not. With an
     "external" address on the head: no dashboard and no client port anywhere, only Ray's own
     processes and the key-protected API on wildcard addresses, and the GCS on the external address

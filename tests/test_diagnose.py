@@ -52,6 +52,11 @@ def test_no_exception_no_cause() -> None:
     assert diagnose.cause("INFO started\nWARNING slow\n") is None
 
 
+def marker(line: str) -> str | None:
+    tripped = diagnose.guard(line)
+    return tripped.marker if tripped else None
+
+
 def test_guards_trip_on_the_lines_vllm_and_ray_print() -> None:
     # The texts as vLLM 0.32.0 formats them (vllm/v1/executor/ray_utils.py,
     # vllm/utils/system_utils.py) and as Ray's raylet reports an OOM kill.
@@ -69,12 +74,12 @@ def test_guards_trip_on_the_lines_vllm_and_ray_print() -> None:
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory. "
         "Ray killed this worker (ID: 4f1e) because it was the most recently scheduled task"
     )
-    assert diagnose.guard(placement).marker == "Waiting for creating a placement group"
-    assert diagnose.guard(overwrite).marker == (
+    assert marker(placement) == "Waiting for creating a placement group"
+    assert marker(overwrite) == (
         "Overwriting environment variable "
         "(VLLM_HOST_IP|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|NCCL_IB_HCA) "
     )
-    assert diagnose.guard(oom).marker == "Ray killed this worker"
+    assert marker(oom) == "Ray killed this worker"
     assert diagnose.guard("(RayWorkerWrapper) Overwriting environment variable HF_HOME") is None
     # The same on every node (the config's env): overwriting it changes nothing.
     same = "Overwriting environment variable NCCL_DEBUG from 'WARN' to 'INFO'"

@@ -1,7 +1,7 @@
-"""Real vLLM (CPU build, tests/images.py) across two emulated nodes, deployed by `vllm-compose up`
+"""Real vLLM (CPU build, tests/support/images.py) across two emulated nodes, deployed by `vllm-compose up`
 from generated stacks: both of vLLM's multi-node backends serve the tiny model with tensor
 parallelism over both nodes. The Ray backend runs vLLM's real Ray executor (the test image's
-TEST-ONLY platform plugin names a Ray resource for the CPU platform, tests/vllm_test_platform.py)."""
+TEST-ONLY platform plugin names a Ray resource for the CPU platform, tests/support/vllm_test_platform.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests import clusters, images
-from tests.clusters import cli
-from tests.testbed import IFNAME, MODELS, Node, Testbed
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import IFNAME, MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -61,7 +62,9 @@ def config(
     )
 
 
-def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_nothing(pair) -> None:
+def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_nothing(
+    pair: Pair,
+) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
     path = config(tmp, bed, "native", "native")
@@ -100,7 +103,7 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
 
 
-def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair) -> None:
+def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair: Pair) -> None:
     """The field failure: a dead worker leaves the head up and serving nothing. `up --watch`
     names it, recreates the whole group in order and serving comes back."""
     bed, tmp = pair
@@ -130,13 +133,13 @@ def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair) -> Non
     assert clusters.containers(head, "watched")["serve"].state.running  # left as it is
 
 
-def chat(node: Node, key: str) -> dict:
+def chat(node: Node, key: str) -> dict[str, Any]:
     request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
     url = "http://192.168.200.12:30000/v1/chat/completions"
     auth = f"Authorization: Bearer {key}"
     out = node.nsexec("curl", "-sf", "-m", "60", url, "-H", auth, "-H",
                       "Content-Type: application/json", "-d", json.dumps(request))  # fmt: skip
-    return json.loads(out.stdout)
+    return dict(json.loads(out.stdout))
 
 
 def _secret_copy(path: Path) -> bool:
@@ -208,7 +211,7 @@ def ray_worker_env(node: Node, project: str) -> list[dict[str, str]]:
     return found
 
 
-def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair) -> None:
+def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair: Pair) -> None:
     """The reference path: vLLM's Ray executor (RayExecutorV2, vLLM 0.32's default), TP=2 over
     both nodes, the worker's port named otherwise than the head's, and the head with an
     "external" default route (the field failure: Ray registered that address)."""
@@ -241,7 +244,7 @@ def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair
         assert secret_seen_in(key, tmp, [head, worker], "viaray") == []
 
 
-def test_ray_older_executor_keeps_per_node_values_too(pair) -> None:
+def test_ray_older_executor_keeps_per_node_values_too(pair: Pair) -> None:
     """vLLM's older Ray executor (RayDistributedExecutor) overwrites the workers' NCCL_* and
     VLLM_* variables with the head's unless ray_non_carry_over_env_vars.json lists them (seen
     without the list: the worker's NCCL_SOCKET_IFNAME became the head's name)."""
@@ -261,7 +264,7 @@ def test_ray_older_executor_keeps_per_node_values_too(pair) -> None:
         ]
 
 
-def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair) -> None:
+def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair: Pair) -> None:
     """TP=1 x PP=2 over two nodes: Ray places one stage per node and the engine starts, but vLLM's
     CPU build sends pipeline tensors only through node-local shared memory, so the second stage
     fails the first request. A limit of the CPU build (GPUs send them over NCCL), named here."""
@@ -279,7 +282,9 @@ def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair) -> None:
     assert "assert self.intermediate_tensors is not None" in serve_log
 
 
-def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed(pair) -> None:
+def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed(
+    pair: Pair,
+) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
     path = config(tmp, bed, "rayw", "ray", VLLM_RAY)
@@ -318,7 +323,7 @@ print("held", ray.get(hold.ping.remote()))
 """
 
 
-def test_a_gpu_slot_held_in_ray_is_named_soon_after_vllms_first_placement_wait(pair) -> None:
+def test_a_gpu_slot_held_in_ray_is_named_soon_after_vllms_first_placement_wait(pair: Pair) -> None:
     """Something else in Ray holds the worker's GPU slot (a leftover actor of an earlier driver):
     vLLM alone waits 1800 s for its placement group. `up` names the node within 10 s of vLLM's
     first wait line (which vLLM prints after 10 s)."""

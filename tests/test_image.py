@@ -9,7 +9,7 @@ import pytest
 from python_on_whales import DockerClient
 
 from generator import assets
-from tests import images
+from tests.support import images
 
 pytestmark = pytest.mark.engine
 ROOT = Path(assets.ROOT)
@@ -50,6 +50,6 @@ def test_wrapper_without_a_tool_fails_fast_naming_the_image(
 def test_wrapper_over_ray_runs_ray_and_carries_labels(docker: DockerClient) -> None:
     tag = build_wrapper(docker, images.ray_base(docker), "vllm-compose-test/wrapper:ray")
     assert docker.run(tag, ["ray", "--version"], remove=True).strip().endswith("2.58.0")
-    labels = docker.image.inspect(tag).config.labels
+    labels = docker.image.inspect(tag).config.labels or {}
     assert labels["org.opencontainers.image.base.name"] == images.RAY
     assert labels["io.vllm-compose.wrapper"] == "1"

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 from python_on_whales import DockerClient
 
 from generator import config, images, output, render
-from tests import images as test_images
-from tests.testbed import IFNAME, MODELS, Testbed
+from tests.support import images as test_images
+from tests.support.testbed import IFNAME, MODELS, Testbed
 
 pytestmark = pytest.mark.testbed
 
 
 def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothing_moves(
-    testbed: Testbed, tmp_path
+    testbed: Testbed, tmp_path: Path
 ) -> None:
     first, second, third = testbed.nodes
     base = test_images.debian_base(DockerClient())
@@ -61,7 +62,7 @@ def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothin
 
 
 def test_a_base_changed_under_its_name_gets_its_wrapper_rebuilt_on_that_node(
-    testbed: Testbed, tmp_path
+    testbed: Testbed, tmp_path: Path
 ) -> None:
     """A re-pulled or rebuilt `:latest`: the same name, another image. The wrapper's tag follows
     the name, so the node's wrapper is checked against the base it finds there."""
@@ -90,8 +91,8 @@ def test_a_base_changed_under_its_name_gets_its_wrapper_rebuilt_on_that_node(
         assert images.distribute(targets, tag, moving, print) == {"a": "built", "b": "built"}
         first.docker.image.tag(new, moving)  # `docker pull` brought a new :latest to node a
         assert images.distribute(targets, tag, moving, print) == {"a": "rebuilt", "b": "present"}
-        layers = first.docker.image.inspect(tag).root_fs.layers
-        base = first.docker.image.inspect(new).root_fs.layers
+        layers = first.docker.image.inspect(tag).root_fs.layers or []
+        base = first.docker.image.inspect(new).root_fs.layers or []
         assert layers[: len(base)] == base
         assert images.distribute(targets, tag, moving, print) == {"a": "present", "b": "present"}
     finally:

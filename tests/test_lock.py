@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def health(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture
-def sender(tmp_path: Path):  # type: ignore[no-untyped-def]
+def sender(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A model laid out like an HF cache snapshot (files are symlinks into blobs), served."""
     repo = tmp_path / "models--t--tiny"
     (repo / "blobs").mkdir(parents=True)
@@ -97,14 +98,18 @@ def sender(tmp_path: Path):  # type: ignore[no-untyped-def]
         text=True,
     )
     assert proc.stdout and "sending" in proc.stdout.readline()
-    yield snapshot, f"127.0.0.1:{port}"
+    try:
+        yield snapshot, f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()
     proc.terminate()
     proc.wait(timeout=10)
     proc.stdout.close()
 
 
 def test_a_symlinked_snapshot_arrives_as_real_files_then_a_second_run_moves_nothing(
-    sender, tmp_path: Path
+    sender: tuple[Path, str], tmp_path: Path
 ) -> None:
     snapshot, address = sender
     manifest = health("manifest", str(snapshot))
@@ -132,7 +137,7 @@ def test_a_symlinked_snapshot_arrives_as_real_files_then_a_second_run_moves_noth
 
 
 def test_a_corrupted_file_is_fetched_again_and_a_bad_source_never_reports_success(
-    sender, tmp_path: Path
+    sender: tuple[Path, str], tmp_path: Path
 ) -> None:
     snapshot, address = sender
     manifest = json.loads(health("manifest", str(snapshot)).stdout)
@@ -159,7 +164,9 @@ def test_a_corrupted_file_is_fetched_again_and_a_bad_source_never_reports_succes
     assert not (target / "sub" / "config.json.partial").exists()
 
 
-def test_names_that_leave_the_model_folder_are_refused(sender, tmp_path: Path) -> None:
+def test_names_that_leave_the_model_folder_are_refused(
+    sender: tuple[Path, str], tmp_path: Path
+) -> None:
     _, address = sender
     hostile = {"files": {"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}}
     result = health(

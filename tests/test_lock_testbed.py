@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import clusters, images
-from tests.clusters import cli
-from tests.testbed import MODELS, Testbed, sh
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import MODELS, Testbed, sh
 
 pytestmark = pytest.mark.testbed
 
@@ -35,7 +35,7 @@ def ok(result) -> str:  # type: ignore[no-untyped-def]
     return str(result.stdout)
 
 
-def test_lock_then_render_is_reproducible_and_names_the_image_by_id(pair) -> None:
+def test_lock_then_render_is_reproducible_and_names_the_image_by_id(pair: Pair) -> None:
     bed, tmp = pair
     config = write(tmp, bed)
     shown = ok(cli("lock", config, cwd=tmp))
@@ -58,7 +58,7 @@ def test_lock_then_render_is_reproducible_and_names_the_image_by_id(pair) -> Non
     assert "the config changed since it was locked (its hash differs)" in changed.stderr
 
 
-def test_a_node_holding_another_image_is_drift_until_the_lock_is_updated(pair) -> None:
+def test_a_node_holding_another_image_is_drift_until_the_lock_is_updated(pair: Pair) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
     config = write(tmp, bed)
@@ -82,7 +82,7 @@ def test_a_node_holding_another_image_is_drift_until_the_lock_is_updated(pair) -
         sh("docker", "--context", worker.context, "tag", original, images.STANDIN)
 
 
-def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair) -> None:
+def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair: Pair) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
     config = write(tmp, bed)
@@ -107,7 +107,7 @@ def test_a_missing_or_corrupted_model_file_is_drift_and_sync_repairs_it(pair) ->
     ok(cli("up", config, cwd=tmp))
 
 
-def test_a_model_changed_on_every_node_is_lock_drift_and_never_synced(pair) -> None:
+def test_a_model_changed_on_every_node_is_lock_drift_and_never_synced(pair: Pair) -> None:
     """Head and worker changed alike: preflight (which compares nodes) passes, the lock does not,
     and a sync from a head that no longer matches the lock fails instead of spreading it."""
     bed, tmp = pair
@@ -131,7 +131,7 @@ def test_a_model_changed_on_every_node_is_lock_drift_and_never_synced(pair) -> N
     assert "sync-model: 1 of 1 nodes do not hold the model" in synced.stderr
 
 
-def test_an_hf_cache_snapshot_arrives_on_the_worker_as_real_files(pair) -> None:
+def test_an_hf_cache_snapshot_arrives_on_the_worker_as_real_files(pair: Pair) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
     repo = Path(head.models) / "hub/models--t--tiny"

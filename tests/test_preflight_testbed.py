@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import clusters, images
-from tests.clusters import cli
-from tests.testbed import Node, Testbed, sh
+from tests.support import clusters, images
+from tests.support.clusters import cli
+from tests.support.testbed import Node, Testbed, sh
 
 pytestmark = pytest.mark.testbed
 NOT_A_HANG = 90  # seconds
@@ -28,7 +28,7 @@ def bed(testbed: Testbed, tmp_path: Path) -> Iterator[Testbed]:
     clusters.clean(testbed, tmp_path)
 
 
-def preflight(config: Path) -> tuple[int, list[dict], float]:
+def preflight(config: Path) -> tuple[int, list[dict[str, str]], float]:
     start = time.monotonic()
     result = cli("preflight", config, "--json", cwd=config.parent)
     took = time.monotonic() - start
@@ -36,7 +36,7 @@ def preflight(config: Path) -> tuple[int, list[dict], float]:
     return result.returncode, json.loads(result.stdout), took
 
 
-def failures(checks: list[dict]) -> list[str]:
+def failures(checks: list[dict[str, str]]) -> list[str]:
     return [f"{c['name']} {c['node']}: {c['cause']}" for c in checks if c["status"] == "fail"]
 
 
@@ -46,7 +46,7 @@ def write(tmp: Path, bed: Testbed, nodes: list[Node] | None = None, **kw) -> Pat
     )
 
 
-def test_a_healthy_three_node_cluster_passes(bed, tmp_path) -> None:
+def test_a_healthy_three_node_cluster_passes(bed: Testbed, tmp_path: Path) -> None:
     code, checks, took = preflight(write(tmp_path, bed, bed.nodes))
     assert failures(checks) == [] and code == 0
     reach = [c["cause"] for c in checks if c["name"] == "reach"]
@@ -57,7 +57,7 @@ def test_a_healthy_three_node_cluster_passes(bed, tmp_path) -> None:
     assert took < NOT_A_HANG
 
 
-def test_a_context_that_does_not_answer(bed, tmp_path) -> None:
+def test_a_context_that_does_not_answer(bed: Testbed, tmp_path: Path) -> None:
     sh("docker", "context", "create", "pre-dead", "--docker", "host=unix:///run/pre-dead.sock")
     try:
         config = write(tmp_path, bed, contexts=[bed.nodes[0].context, "pre-dead"])
@@ -70,7 +70,7 @@ def test_a_context_that_does_not_answer(bed, tmp_path) -> None:
     assert took < NOT_A_HANG
 
 
-def test_an_interface_that_is_down(bed, tmp_path) -> None:
+def test_an_interface_that_is_down(bed: Testbed, tmp_path: Path) -> None:
     worker = bed.nodes[1]
     bed.link_down(worker)
     try:
@@ -80,7 +80,7 @@ def test_an_interface_that_is_down(bed, tmp_path) -> None:
     assert "interface spark2: enp1s0f1np1 is down" in failures(checks)
 
 
-def test_an_interface_without_the_configured_ip(bed, tmp_path) -> None:
+def test_an_interface_without_the_configured_ip(bed: Testbed, tmp_path: Path) -> None:
     config = write(tmp_path, bed)
     # spark2's context, but the IP of spark3 (which exists, so nothing leaves the testbed).
     config.write_text(config.read_text().replace("ip: 192.168.200.13", "ip: 192.168.200.14"))
@@ -90,7 +90,7 @@ def test_an_interface_without_the_configured_ip(bed, tmp_path) -> None:
     )
 
 
-def test_a_missing_interface(bed, tmp_path) -> None:
+def test_a_missing_interface(bed: Testbed, tmp_path: Path) -> None:
     config = write(tmp_path, bed)
     config.write_text(
         config.read_text().replace("ip: 192.168.200.13,", "ip: 192.168.200.13, interface: eth7,")
@@ -98,7 +98,7 @@ def test_a_missing_interface(bed, tmp_path) -> None:
     assert "interface spark2: eth7 does not exist" in failures(preflight(config)[1])
 
 
-def test_peers_that_cannot_reach_each_other(bed, tmp_path) -> None:
+def test_peers_that_cannot_reach_each_other(bed: Testbed, tmp_path: Path) -> None:
     head, worker = bed.nodes[:2]
     bed.drop(head, worker.ip)
     try:
@@ -115,7 +115,7 @@ def test_peers_that_cannot_reach_each_other(bed, tmp_path) -> None:
     assert took < NOT_A_HANG
 
 
-def test_up_stops_at_preflight_and_starts_nothing(bed, tmp_path) -> None:
+def test_up_stops_at_preflight_and_starts_nothing(bed: Testbed, tmp_path: Path) -> None:
     head, worker = bed.nodes[:2]
     bed.drop(head, worker.ip)
     try:
@@ -147,7 +147,7 @@ def built_on(node: Node, tag: str, dockerfile: str) -> Iterator[None]:
         sh("docker", "--context", node.context, "rmi", "-f", tag, check=False)
 
 
-def test_a_different_image_and_versions_on_one_node(bed, tmp_path) -> None:
+def test_a_different_image_and_versions_on_one_node(bed: Testbed, tmp_path: Path) -> None:
     """The same tag, another image on spark2: one whose Ray reports another version."""
     head, worker = bed.nodes[:2]
     tag = "pre-drift:1"
@@ -171,7 +171,7 @@ def test_a_different_image_and_versions_on_one_node(bed, tmp_path) -> None:
     assert "versions all: ray differs: spark1 2.58.0, spark2 2.57.0" in found
 
 
-def test_an_image_without_ray_for_the_ray_backend(bed, tmp_path) -> None:
+def test_an_image_without_ray_for_the_ray_backend(bed: Testbed, tmp_path: Path) -> None:
     nodes = bed.nodes[:2]
     bed.load_image(images.DEBIAN, nodes=nodes)
     _code, checks, _ = preflight(write(tmp_path, bed, image=images.DEBIAN))
@@ -180,7 +180,7 @@ def test_an_image_without_ray_for_the_ray_backend(bed, tmp_path) -> None:
     assert f"ray spark2: {images.DEBIAN} has no 'ray' on PATH" in found
 
 
-def test_a_model_file_missing_on_a_worker(bed, tmp_path) -> None:
+def test_a_model_file_missing_on_a_worker(bed: Testbed, tmp_path: Path) -> None:
     worker = bed.nodes[1]
     bed.remove_path(worker, "standin-model/config.json")
     try:
@@ -192,7 +192,7 @@ def test_a_model_file_missing_on_a_worker(bed, tmp_path) -> None:
     ]
 
 
-def test_a_model_folder_missing_on_a_worker(bed, tmp_path) -> None:
+def test_a_model_folder_missing_on_a_worker(bed: Testbed, tmp_path: Path) -> None:
     worker = bed.nodes[1]
     config = write(tmp_path, bed, model=f"{clusters.STANDIN_MODEL}-only-on-spark1")
     only = Path(bed.nodes[0].models) / "standin-model-only-on-spark1"
@@ -210,7 +210,7 @@ def test_a_model_folder_missing_on_a_worker(bed, tmp_path) -> None:
     assert not (Path(worker.models) / "standin-model-only-on-spark1").exists()
 
 
-def test_a_small_dev_shm(bed, tmp_path) -> None:
+def test_a_small_dev_shm(bed: Testbed, tmp_path: Path) -> None:
     head = bed.nodes[0]
     bed.shm_size(head, "64m")
     try:
@@ -220,7 +220,7 @@ def test_a_small_dev_shm(bed, tmp_path) -> None:
     assert found == ["shm spark1: /dev/shm is 64 MiB in the container, at least 1024 MiB needed"]
 
 
-def test_the_memory_monitor_turned_back_on(bed, tmp_path) -> None:
+def test_the_memory_monitor_turned_back_on(bed: Testbed, tmp_path: Path) -> None:
     config = write(tmp_path, bed, extra="env: {RAY_memory_monitor_refresh_ms: '250'}")
     found = failures(preflight(config)[1])
     assert found == [
@@ -229,7 +229,7 @@ def test_the_memory_monitor_turned_back_on(bed, tmp_path) -> None:
     ]
 
 
-def test_the_api_port_taken_on_the_head(bed, tmp_path) -> None:
+def test_the_api_port_taken_on_the_head(bed: Testbed, tmp_path: Path) -> None:
     with bed.listening(bed.nodes[0], 30000, images.STANDIN):
         found = failures(preflight(write(tmp_path, bed))[1])
     assert found == ["api-port spark1: port 30000 on 192.168.200.12 is already in use"]

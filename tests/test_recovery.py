@@ -1,6 +1,6 @@
 """Faults on the testbed while a group starts or serves: an engine that stops under `watch`, a link
 cut during `up`, engines that restart under a running group. The serve process is the Ray
-STAND-IN (tests/standin_vllm.py); the Ray cluster, engines, Compose and links are real.
+STAND-IN (tests/support/standin_vllm.py); the Ray cluster, engines, Compose and links are real.
 (A killed worker under real vLLM is in test_e2e.py.)"""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import clusters, images
-from tests.clusters import Background, cli, containers
-from tests.testbed import Node, Testbed
+from tests.support import clusters, images
+from tests.support.clusters import Background, Pair, cli, containers
+from tests.support.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
@@ -27,7 +27,9 @@ def write_config(path: Path, name: str, nodes: list[Node]) -> Path:
     return clusters.write_config(path, name, nodes, images.STANDIN)
 
 
-def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_clean(stack) -> None:
+def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_clean(
+    stack: Pair,
+) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "enginestop", [head, worker])
@@ -51,7 +53,7 @@ def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_cle
     assert clusters.leftovers(head, "enginestop") == []
 
 
-def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack) -> None:
+def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> None:
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "linkcut", [head, worker])
@@ -72,7 +74,9 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack) -> None:
     assert clusters.leftovers(worker, "linkcut") == []
 
 
-def test_up_after_engines_restart_and_bring_their_containers_back_recreates_nothing(stack) -> None:
+def test_up_after_engines_restart_and_bring_their_containers_back_recreates_nothing(
+    stack: Pair,
+) -> None:
     """Both engines restart (every container stops), then the group's containers are started
     again on each node as a boot script or another tool would, without waiting for anything
     (serve before the worker's Ray has joined). `up` converges: the same containers, nothing

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,7 +50,10 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
             "compose.yaml",
             "contexts.env",
             "image/entrypoint.sh",
+            "image/facts.py",
             "image/health.py",
+            "image/raychecks.py",
+            "image/transfer.py",
         )
     ]
     assert files["spark-2/image/entrypoint.sh"].mode == 0o755
@@ -122,7 +126,7 @@ def test_serve_shares_the_head_rays_temp_folder() -> None:
     assert stack["volumes"] == {"shared-tmp": {}}
 
 
-def compose_config(folder: Path) -> dict:
+def compose_config(folder: Path) -> dict[str, Any]:
     """`docker compose config` (needs no engine): validates and normalises the file."""
     result = subprocess.run(
         ["docker", "compose", "config", "--format", "json"],
@@ -132,7 +136,7 @@ def compose_config(folder: Path) -> dict:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return dict(json.loads(result.stdout))
 
 
 @pytest.mark.parametrize("name", NAMES)

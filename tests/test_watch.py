@@ -50,7 +50,7 @@ class Clock:
 
 
 def run(group: FakeGroup, policy: Policy) -> tuple[Clock, list[str], BaseException]:
-    clock, lines = Clock(), []
+    clock, lines = Clock(), list[str]()
     with pytest.raises((Done, WatchGaveUp)) as raised:
         watch(group, policy, lines.append, clock=clock, sleep=clock.sleep)
     return clock, lines, raised.value
@@ -102,7 +102,7 @@ def test_recoveries_that_each_hold_briefly_still_reach_the_cap() -> None:
 
 
 def test_a_long_healthy_stretch_starts_the_count_again() -> None:
-    healthy_a_while = [[]] * 13  # 13 checks 5 s apart: longer than `stable`
+    healthy_a_while: list[list[str]] = [[]] * 13  # 13 checks 5 s apart: longer than `stable`
     script = [BAD, BAD, *healthy_a_while] * 4
     group = FakeGroup(script)
     _, lines, error = run(group, POLICY)

@@ -140,7 +140,7 @@ def ray_base(docker: DockerClient) -> str:
 
 
 def standin_base(docker: DockerClient) -> str:
-    """Ray plus the STAND-IN `vllm` (tests/standin_vllm.py) for the Ray-backend deploy tests."""
+    """Ray plus the STAND-IN `vllm` (tests/support/standin_vllm.py) for the Ray-backend deploy tests."""
     ray_base(docker)
     if not docker.image.exists(STANDIN):
         with tempfile.TemporaryDirectory() as context:

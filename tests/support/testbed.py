@@ -3,8 +3,8 @@ Docker engine, Docker context, hostname, IPC namespace and /dev/shm, joined by a
 interface named like the DGX Spark's RoCE port. Containers with `network_mode: host` on a node see
 what they would see on a real node.
 
-    python -m tests.testbed up [--nodes N]     # prints the contexts; state in /run/vllm-compose-testbed
-    python -m tests.testbed down
+    python -m tests.support.testbed up [--nodes N]     # prints the contexts; state in /run/vllm-compose-testbed
+    python -m tests.support.testbed down
 
 Only the project's own addresses are used: the test subnet lives on a bridge of this machine and the
 harness refuses to run unless the kernel routes it there. It ends only processes it started (by the
@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,10 @@ MODELS = "/var/lib/vllm-compose-testbed-models"  # each node sees its own folder
 
 
 def sh(*cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        cmd, check=check, text=True, capture_output=True, **kw
+    )
+    return done
 
 
 @dataclass
@@ -77,7 +79,7 @@ class Testbed:
         STATE.mkdir(parents=True, exist_ok=True)
         if (STATE / "testbed.json").exists():
             raise RuntimeError(
-                f"a testbed is already up ({STATE}/testbed.json); run: python -m tests.testbed down"
+                f"a testbed is already up ({STATE}/testbed.json); run: python -m tests.support.testbed down"
             )
         try:
             bed._bridge_up()
@@ -415,7 +417,7 @@ def running(count: int) -> Iterator[Testbed]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.testbed")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.testbed")
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--nodes", type=int, default=2)
     args = parser.parse_args()
@@ -430,4 +432,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

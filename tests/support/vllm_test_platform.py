@@ -1,4 +1,4 @@
-"""TEST-ONLY vLLM platform plugin, installed only in the test image (tests/images.py).
+"""TEST-ONLY vLLM platform plugin, installed only in the test image (tests/support/images.py).
 
 vLLM's CPU platform refuses the Ray executor ("current platform cpu does not support ray")
 because `CpuPlatform.ray_device_key` is empty. This subclass names the Ray resource the testbed's

@@ -1,0 +1,116 @@
+"""The command line's shared parts: the Typer app, the two consoles (stdout for the command's
+result, stderr for progress and errors), the options every command takes, opening a config, and
+`main`, which turns every error into lines and an exit code. generator/cli is the only package
+that prints or exits; everything else raises."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from python_on_whales import DockerException
+from rich.console import Console
+
+from generator import config, output, secrets, workflow
+from generator import watch as watching
+from generator.errors import VllmComposeError, reason
+
+app = typer.Typer(
+    help="Render and run per-node Docker Compose stacks for one vLLM model across several nodes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+ConfigArg = Annotated[Path, typer.Argument(help="The cluster config (YAML).", show_default=False)]
+UpdateLockOpt = Annotated[
+    bool, typer.Option("--update-lock", help="Re-lock from the head first, accepting drift.")
+]
+OutdirOpt = Annotated[
+    Path | None, typer.Option("-o", "--output", help="Compose folders \\[default: compose/NAME].")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+IntervalOpt = Annotated[float, typer.Option(min=1, help="watch: seconds between checks.")]
+DeadlineOpt = Annotated[
+    float, typer.Option(min=1, help="watch: seconds the canary completion may take.")
+]
+FailuresOpt = Annotated[
+    int, typer.Option(min=1, help="watch: failed checks in a row before a recovery.")
+]
+RecoveriesOpt = Annotated[
+    int,
+    typer.Option(
+        min=0, help="watch: recoveries in a row before taking the group down and stopping."
+    ),
+]
+BackoffOpt = Annotated[
+    float, typer.Option(min=0, help="watch: seconds before the first recovery; doubles up to 300.")
+]
+DEFAULT = watching.Policy()
+
+
+def progress(line: str) -> None:
+    err.print(f"  {line}")
+
+
+# What a command opened (a read-only command's temporary compose folder), closed by main().
+_resources = contextlib.ExitStack()
+
+
+def open_config(path: Path, outdir: Path | None, **how: Any) -> workflow.Opened:
+    found = _resources.enter_context(workflow.opened(path, outdir, progress, **how))
+    show(found)
+    return found
+
+
+def show(opened: workflow.Opened) -> None:
+    """What opening the config did: warnings, generated secrets, files changed (on stderr:
+    stdout stays the command's, `status --json`)."""
+    for warning in config.warnings(opened.cluster):
+        err.print(f"warning: {warning}")
+    if opened.secrets:
+        generated(opened.secrets)
+    if opened.secrets is None:
+        return  # rendered into a temporary folder
+    for change in opened.plan.changes:
+        if change.action != "identical":
+            err.print(change_line(change, dry_run=False))
+    for folder in opened.plan.stale:
+        err.print(f"note: {folder} is not a node of {opened.cluster.name} any more; left as it is")
+
+
+def generated(found: secrets.Local) -> None:
+    if "api_key" in found.generated:
+        err.print(
+            f"api key: generated {found.generated['api_key']} (mode 0600); clients send it as"
+            " 'Authorization: Bearer <key>'"
+        )
+    if "ray_token" in found.generated:
+        err.print(
+            f"ray token: generated {found.generated['ray_token']} (mode 0600); Ray's nodes"
+            " authenticate with it"
+        )
+
+
+def change_line(change: output.Change, dry_run: bool) -> str:
+    secret = "  (secret: mode 0600, contents never shown)" if change.file.secret else ""
+    return f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}{secret}"
+
+
+def main() -> None:
+    try:
+        app()
+    except VllmComposeError as e:
+        for line in e.lines():
+            err.print(line)
+        sys.exit(e.exit_code)
+    except DockerException as e:  # one that no layer named: still one line, never a traceback
+        err.print(f"docker failed: {reason(e)}")
+        sys.exit(1)
+    finally:
+        _resources.close()

@@ -1,0 +1,185 @@
+"""Commands that run or look at the group on its nodes: up, watch, preflight, down, status, logs."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from generator import checks as checking
+from generator import observe, workflow
+from generator import preflight as preflight_checks
+from generator import watch as watching
+from generator.cli.app import (
+    DEFAULT,
+    BackoffOpt,
+    ConfigArg,
+    DeadlineOpt,
+    FailuresOpt,
+    IntervalOpt,
+    JsonOpt,
+    OutdirOpt,
+    RecoveriesOpt,
+    UpdateLockOpt,
+    app,
+    err,
+    open_config,
+    out,
+)
+from generator.cli.files import locked
+from generator.deploy import Timeouts
+from generator.errors import DockerError, VllmComposeError
+
+SkipPreflightOpt = Annotated[
+    bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")
+]
+KeepOpt = Annotated[
+    bool, typer.Option("--keep-on-failure", help="Leave a group that failed to start as it is.")
+]
+AndWatchOpt = Annotated[
+    bool, typer.Option("--watch", help="Once ready, keep it serving as `watch` does.")
+]
+
+
+@app.command()
+def up(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    join_timeout: Annotated[int, typer.Option(help="Seconds for the workers to join Ray.")] = 300,
+    serve_timeout: Annotated[
+        int | None, typer.Option(help="Seconds for serve's gate \\[default: vllm.startup_timeout].")
+    ] = None,
+    skip_preflight: SkipPreflightOpt = False,
+    update_lock: UpdateLockOpt = False,
+    keep_on_failure: KeepOpt = False,
+    and_watch: AndWatchOpt = False,
+    interval: IntervalOpt = DEFAULT.interval,
+    deadline: DeadlineOpt = DEFAULT.deadline,
+    failures: FailuresOpt = DEFAULT.failures,
+    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
+    backoff: BackoffOpt = DEFAULT.backoff,
+) -> None:
+    """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
+    serve. A start phase that fails takes the group down again. With a lock beside the config,
+    the locked image and model or an error."""
+    timeouts = Timeouts(join=join_timeout, serve=serve_timeout)
+    opened = open_config(
+        path, outdir, strict=True, update_lock=update_lock, with_secrets=True, timeouts=timeouts
+    )
+    if update_lock and opened.locked:
+        locked(opened.locked, path)
+    result = opened.deployment.up(checks=not skip_preflight, keep_on_failure=keep_on_failure)
+    for node, what in result.images.items():
+        out.print(f"image on {node}: {what}")
+    out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
+    out.print(f"ready: {result.endpoint}")
+    if and_watch:
+        policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
+        _watch(opened, policy)
+
+
+@app.command()
+def watch(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    interval: IntervalOpt = DEFAULT.interval,
+    deadline: DeadlineOpt = DEFAULT.deadline,
+    failures: FailuresOpt = DEFAULT.failures,
+    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
+    backoff: BackoffOpt = DEFAULT.backoff,
+) -> None:
+    """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
+    nodes and a real completion; on failure recreate the whole group in order, with back-off;
+    after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
+    opened = open_config(path, outdir, strict=True, with_secrets=True)
+    _watch(opened, watching.Policy(interval, deadline, failures, max_recoveries, backoff))
+
+
+def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
+    def report(line: str) -> None:
+        err.print(f"{time.strftime('%H:%M:%S')} {line}")
+
+    report(
+        f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"
+        f" Ctrl-C stops watching and leaves the group as it is"
+    )
+    try:
+        watching.watch(opened.deployment, policy, report)
+    except KeyboardInterrupt:
+        report("watch: stopped; the group is left as it is")
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def preflight(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
+    """Check every node before starting: contexts, interface and IP, reach between every pair,
+    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
+    Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
+    checks, seconds = preflight_checks.run(open_config(path, outdir, with_secrets=True).fleet)
+    failures = [c for c in checks if c.status == "fail"]
+    if as_json:
+        out.print(checking.as_json(checks))
+    else:
+        for check in checks:
+            out.print(check.line())
+        out.print(f"{len(checks)} checks in {seconds:.1f} s: {len(failures)} failed")
+    if failures:
+        first = failures[0]
+        raise VllmComposeError(
+            f"preflight: {len(failures)} failed; first: {first.node}: {first.cause}"
+        )
+
+
+@app.command()
+def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Stop and remove the stack on every node, in parallel, volumes included."""
+    outcome = open_config(path, outdir).fleet.down()
+    for node, what in outcome.items():
+        out.print(f"{node}: {what}")
+    failed = [node for node, what in outcome.items() if what != "removed"]
+    if failed:
+        raise DockerError(failed[0], f"not cleaned ({len(failed)} of {len(outcome)} nodes failed)")
+
+
+@app.command()
+def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
+    """Per node: its services and their health, and whether Ray sees the node at its IP."""
+    rows = observe.status(open_config(path, outdir).fleet)
+    if as_json:
+        out.print(json.dumps([r.model_dump(exclude_unset=True) for r in rows], indent=2))
+        return
+    for row in rows:
+        out.print(_status_line(row))
+        for s in row.services:
+            out.print(f"  {s.service}: {s.state}{f', {s.health}' if s.health else ''}")
+
+
+def _status_line(row: observe.StatusRow) -> str:
+    alive = row.ray_alive_at_ip
+    ray = (
+        ""
+        if alive is None
+        else ", alive in Ray at its IP"
+        if alive
+        else ", NOT alive in Ray at its IP"
+    )
+    line = f"{row.node} ({row.ip}){ray}"
+    return f"{line}: unreachable: {row.error}" if row.error else line
+
+
+@app.command()
+def logs(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+) -> None:
+    """Logs of every node's services, merged, each line prefixed by its node."""
+    fleet = open_config(path, outdir).fleet
+    names = [n.name for n in fleet.cluster.nodes]
+    if node is not None and node not in names:
+        raise VllmComposeError(f"no node '{node}' in {path}", f"nodes: {', '.join(names)}")
+    for line in observe.logs(fleet, node, follow):
+        out.print(line)

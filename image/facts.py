@@ -1,0 +1,170 @@
+"""What preflight compares across nodes, as a node's container sees it: the interface and its
+addresses, TCP reach to every peer, versions, the model's files, /dev/shm, memlock, Ray's memory
+monitor setting, RDMA ports and GPUs (the JSON generator/checks.py reads as `Facts`)."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from importlib import metadata
+from typing import Any
+
+
+def interface(name: str) -> dict[str, Any]:
+    """Whether the interface exists, is up, and its IPv4 addresses."""
+    if name not in {n for _, n in socket.if_nameindex()}:
+        return {"exists": False, "up": False, "addresses": []}
+    try:
+        with open(f"/sys/class/net/{name}/operstate") as f:
+            state = f.read().strip()
+    except OSError:
+        state = "unknown"
+    addresses: list[str] = []
+    if shutil.which("ip"):
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", name], capture_output=True)
+        addresses = [w.split("/")[0] for w in out.stdout.decode().split() if "/" in w and "." in w]
+    else:  # the primary address only
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            addresses = [socket.inet_ntoa(packed[20:24])]
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    # "unknown" is what virtual and some RDMA links report while carrying traffic.
+    return {"exists": True, "up": state in ("up", "unknown"), "addresses": addresses}
+
+
+def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any]:
+    """Listen on ip:port and connect to every peer's ip:port, both until every pair got through or
+    the time is up. -> ({peer: "ok" or the error}, [peers heard from]) or a listen error."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind((ip, port))
+    except OSError as e:
+        return {"listen": f"cannot listen on {ip}:{port}: {e}"}
+    server.listen(16)
+    server.settimeout(0.2)
+    heard: set[str] = set()
+    outcome: dict[str, str] = {}
+    deadline = time.monotonic() + seconds
+
+    def accept() -> None:
+        while time.monotonic() < deadline and not heard.issuperset(peers):
+            try:
+                conn, (peer, _) = server.accept()
+                heard.add(peer)
+                conn.close()
+            except OSError:
+                pass
+
+    listener = threading.Thread(target=accept, daemon=True)
+    listener.start()
+    for peer in peers:
+        while True:
+            try:
+                socket.create_connection((peer, port), timeout=1, source_address=(ip, 0)).close()
+                outcome[peer] = "ok"
+                break
+            except OSError as e:
+                outcome[peer] = str(e)
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+    listener.join()
+    server.close()
+    return {"to": outcome, "heard_from": sorted(heard)}
+
+
+def model_files(path: str) -> dict[str, int] | None:
+    """Relative path -> size of every file under path (symlinks followed), or None if absent."""
+    if not os.path.isdir(path):
+        return None
+    files: dict[str, int] = {}
+    for root, _, names in os.walk(path, followlinks=True):
+        for name in names:
+            full = os.path.join(root, name)
+            try:
+                files[os.path.relpath(full, path)] = os.stat(full).st_size
+            except OSError:  # a dangling symlink
+                files[os.path.relpath(full, path)] = -1
+    return files
+
+
+def version(dist: str) -> str | None:
+    for name in (dist, f"{dist}-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def port_free(ip: str, port: int) -> bool:
+    """Whether a server could listen there. SO_REUSEADDR, as servers set it: connections of a
+    stopped server lingering in TIME_WAIT do not count as taken."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((ip, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def rdma() -> dict[str, str]:
+    """RDMA port states, e.g. {"mlx5_0/1": "ACTIVE"}; {} when the node has none."""
+    states: dict[str, str] = {}
+    base = "/sys/class/infiniband"
+    for device in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        for port in sorted(os.listdir(f"{base}/{device}/ports")):
+            with open(f"{base}/{device}/ports/{port}/state") as f:
+                states[f"{device}/{port}"] = f.read().split(":")[-1].strip()
+    return states
+
+
+def gpus() -> int | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
+
+
+def facts(args: argparse.Namespace) -> None:
+    shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    found = {
+        "interface": interface(args.interface),
+        "reach": reach(args.ip, args.listen, [p for p in args.peers.split(",") if p], args.seconds),
+        "versions": {
+            "python": platform.python_version(),
+            **{name: version(name) for name in ("vllm", "ray", "torch")},
+            "nccl": next(
+                (v for v in map(version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12")) if v), None
+            ),
+        },
+        "ray_on_path": shutil.which("ray") is not None,
+        "model": model_files(args.model) if args.model else None,
+        "shm_bytes": shm.f_blocks * shm.f_frsize if shm else 0,
+        "memlock": -1 if soft == resource.RLIM_INFINITY else soft,
+        # Ray's own spelling of the variable.
+        "memory_monitor": os.environ.get("RAY_memory_monitor_refresh_ms"),  # noqa: SIM112
+        "api_port_free": port_free(args.ip, args.api_port) if args.api_port else None,
+        "rdma": rdma(),
+        "gpus": gpus(),
+    }
+    print(json.dumps(found, sort_keys=True))

@@ -1,0 +1,48 @@
+"""The shape of the code the project ships (generator/, image/), checked in CI: small modules and
+functions, and every Docker call through python-on-whales."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SHIPPED = sorted([*ROOT.glob("generator/**/*.py"), *ROOT.glob("image/*.py")])
+MODULE_LINES, FUNCTION_LINES = 300, 40
+# The one Docker command the tool runs as a process of its own: following a service's log
+# (python-on-whales's stream cannot be ended before the container stops; see Fleet.follow).
+OWN_PROCESSES = {("generator/fleet.py", "follow")}
+
+
+def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def test_no_module_over_300_lines_and_no_function_over_40() -> None:
+    too_long = []
+    for path in SHIPPED:
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if len(text.splitlines()) > MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for fn in functions(ast.parse(text)):
+            size = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+            if size > FUNCTION_LINES:
+                too_long.append(f"{name}:{fn.lineno} {fn.name}: {size} lines")
+    assert too_long == []
+
+
+def test_the_tool_runs_docker_only_through_python_on_whales() -> None:
+    found = set()
+    for path in sorted(ROOT.glob("generator/**/*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in functions(tree):
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "subprocess"
+                    and node.attr in ("run", "Popen", "call", "check_call", "check_output")
+                ):
+                    found.add((str(path.relative_to(ROOT)), fn.name))
+    assert found == OWN_PROCESSES
