@@ -60,8 +60,8 @@ class Deployment:
             self._phase(result, "preflight", self._preflight)
         try:
             self._start(result)
-        except VllmComposeError as e:
-            fleet.report(f"failed: {e.message}")  # the cause now, not after the rollback
+        except (VllmComposeError, DockerException) as e:
+            fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
                 fleet.report("rolling back: taking the group down on every node")
                 for node, outcome in fleet.down().items():

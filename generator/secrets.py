@@ -17,8 +17,7 @@ from python_on_whales import DockerClient, DockerException
 
 from generator.config import Cluster
 from generator.errors import DockerError, VllmComposeError
-from generator.render import node_stacks
-from generator.stack import SECRET_NAMES, SECRETS_DIR
+from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_names
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     generated: dict[str, Path] = {}
     missing: dict[str, Path] = {}
     made = {"api_key": cluster.secrets.api_key_file}
-    if "ray_token" in node_stacks(cluster, "")[0].secrets:
+    if "ray_token" in secret_names(cluster):
         made["ray_token"] = cluster.secrets.ray_token_file
     for name, named in made.items():
         path = folder / (named or f"{config.stem}.{SECRET_NAMES[name]}")

@@ -33,6 +33,14 @@ def secret_source(name: str) -> str:
     return f"${{{SECRETS_ENV}:-./secrets}}/{SECRET_NAMES[name]}"
 
 
+def secret_names(cluster: Cluster) -> list[str]:
+    """The cluster's secrets: the API key always (serving is authenticated); Ray's token with the
+    Ray backend and its token authentication; the HF token when the config names one."""
+    names = ["api_key"]
+    names += ["ray_token"] if cluster.backend == "ray" and cluster.ray.token_auth else []
+    return names + (["hf_token"] if cluster.secrets.hf_token_file else [])
+
+
 def model_mount(path: str) -> str:
     """What a container mounts to read the model: the model folder, or for an HF cache snapshot
     (.../models--org--name/snapshots/REV) the whole repo folder, where its symlinks point."""
@@ -97,12 +105,8 @@ class NodeStack:
 
     @property
     def secrets(self) -> dict[str, str]:
-        """Secret name -> its file as compose.yaml names it. The API key always: serving is
-        authenticated; Ray's token with the Ray backend."""
-        c = self.cluster
-        names = ["api_key"] + (["ray_token"] if c.backend == "ray" and c.ray.token_auth else [])
-        names += ["hf_token"] if c.secrets.hf_token_file else []
-        return {name: secret_source(name) for name in names}
+        """Secret name -> its file as compose.yaml names it (see `secret_names`)."""
+        return {name: secret_source(name) for name in secret_names(self.cluster)}
 
     @property
     def used_secrets(self) -> dict[str, str]:
