@@ -183,15 +183,12 @@ def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
         cause = f"{path}: dangling symlinks: {', '.join(broken[:3])}"
         return failed("model", node.name, cause, "copy real files, not a cache's symlinks")
     if head is not None and node != c.head and head.model:
-        found = differences(head.model, files)
+        found = differences(head.model, files).labelled(
+            "missing", "not on the head", "size differs"
+        )
         problems = [
             f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-            for label, names in (
-                ("missing", found.missing),
-                ("not on the head", found.extra),
-                ("size differs", found.size),
-            )
-            if names
+            for label, names in found
         ]
         if problems:
             cause = f"{path} differs from {c.head.name}'s: {'; '.join(problems)}"

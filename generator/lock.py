@@ -145,12 +145,5 @@ def model_drift(lock: Lock, node: str, files: dict[str, int] | None) -> list[str
     if files is None:
         return [f"{node}: {path} is missing"]
     found = differences({n: f.size for n, f in lock.model.files.items()}, files)
-    return [
-        f"{node}: {path}: {label}: {', '.join(names[:3])}"
-        for label, names in (
-            ("missing", found.missing),
-            ("not in the lock", found.extra),
-            ("size", found.size),
-        )
-        if names
-    ]
+    labelled = found.labelled("missing", "not in the lock", "size")
+    return [f"{node}: {path}: {label}: {', '.join(names[:3])}" for label, names in labelled]

@@ -16,6 +16,11 @@ class Differences:
     def __bool__(self) -> bool:
         return bool(self.missing or self.extra or self.size)
 
+    def labelled(self, missing: str, extra: str, size: str) -> list[tuple[str, list[str]]]:
+        """(label, names) for each kind of difference there is, under the caller's labels."""
+        found = ((missing, self.missing), (extra, self.extra), (size, self.size))
+        return [(label, names) for label, names in found if names]
+
 
 def differences(want: dict[str, int], have: dict[str, int]) -> Differences:
     return Differences(

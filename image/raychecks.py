@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -53,16 +54,17 @@ def check_ray(args: argparse.Namespace) -> str | None:
 
 
 def print_nodes(args: argparse.Namespace) -> str | None:
-    try:
-        print(json.dumps(alive_nodes(args.address), sort_keys=True))
-    except Exception as e:
-        return f"Ray GCS at {args.address} does not answer: {e}"
-    return None
+    return _printed(alive_nodes, args.address)
 
 
 def print_slots(args: argparse.Namespace) -> str | None:
+    return _printed(gpu_slots, args.address)
+
+
+def _printed(read: Callable[[str], object], address: str) -> str | None:
+    """What `read` finds at the GCS, printed as JSON; or why not."""
     try:
-        print(json.dumps(gpu_slots(args.address), sort_keys=True))
+        print(json.dumps(read(address), sort_keys=True))
     except Exception as e:
-        return f"Ray GCS at {args.address} does not answer: {e}"
+        return f"Ray GCS at {address} does not answer: {e}"
     return None

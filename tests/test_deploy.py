@@ -142,8 +142,7 @@ def test_external_default_route_needs_forced_node_ips(stack: Pair) -> None:
     --node-ip-address on the head lets Ray register the external address, and the gate says so."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
-    bed.add_external_default_route(head)
-    try:
+    with bed.external_default_route(head):
         config = write_config(tmp / "c.yaml", "forced", [head, worker])
         forced = cli("up", config, cwd=tmp)
         assert forced.returncode == 0, forced.stderr
@@ -182,8 +181,6 @@ def test_external_default_route_needs_forced_node_ips(stack: Pair) -> None:
             "vllm-compose-health: Ray nodes missing: 192.168.200.12 (alive: 198.51.100.2)"
         )
         docker.compose.down(volumes=True, quiet=True)
-    finally:
-        bed.remove_external_default_route(head)
 
 
 def test_deploy_over_real_ssh_contexts(stack: Pair) -> None:
@@ -225,8 +222,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
     refuses a client without the cluster's token."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
-    bed.add_external_default_route(head)
-    try:
+    with bed.external_default_route(head):
         config = write_config(tmp / "c.yaml", "ports", [head, worker])
         result = cli("up", config, cwd=tmp)
         assert result.returncode == 0, result.stderr
@@ -263,8 +259,6 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
                 assert token not in node.docker.container.logs(container), f"{service}: logs"
                 argv = str(node.docker.container.execute(container, ["ps", "-eo", "args"]))
                 assert token not in argv, f"{node.name}/{service}: a command line"
-    finally:
-        bed.remove_external_default_route(head)
 
 
 def listeners(node: Node) -> list[tuple[str, int, str]]:

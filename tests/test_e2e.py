@@ -107,22 +107,29 @@ def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair: Pair) 
     """The field failure: a dead worker leaves the head up and serving nothing. `up --watch`
     names it, recreates the whole group in order and serving comes back."""
     bed, tmp = pair
+    watched_recovery(bed, config(tmp, bed, "watched", "native"), "watched", "serve")
+
+
+def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:
+    """`up --watch`, then the worker's `service` container killed: watch names it, recreates the
+    whole group (every node's container of that service is new) and a chat completion comes
+    back; Ctrl-C then stops watching (exit 130) and leaves the group as it is."""
     head, worker = bed.nodes[:2]
-    path = config(tmp, bed, "watched", "native")
     watcher = clusters.Background(
-        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30", cwd=tmp
-    )
+        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30",
+        cwd=path.parent,
+    )  # fmt: skip
     try:
         watcher.wait_for("ready: http://192.168.200.12:30000/v1", 900)
         watcher.wait_for("watch: ok", 120)
-        before = {n.name: clusters.containers(n, "watched")["serve"].id for n in (head, worker)}
+        before = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
         worker.docker.container.kill(before[worker.name])
         failed = watcher.wait_for("watch: check failed (1/2)", 60)
-        assert "spark2: serve exited (exit 137)" in failed
+        assert f"spark2: {service} exited (exit 137)" in failed
         watcher.wait_for("recreating the whole group", 60)
         watcher.wait_for("watch: recovery 1 done: serving again", 900)
         watcher.wait_for("watch: ok", 120)
-        after = {n.name: clusters.containers(n, "watched")["serve"].id for n in (head, worker)}
+        after = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
         assert set(after.values()).isdisjoint(before.values())  # the whole group, not one rank
         answer = chat(worker, clusters.api_key(path))
         assert answer["choices"][0]["message"]["content"]
@@ -130,7 +137,7 @@ def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair: Pair) 
         stopped = watcher.interrupt()
     assert stopped == 130, watcher.output
     assert watcher.lines[-1].endswith("watch: stopped; the group is left as it is")
-    assert clusters.containers(head, "watched")["serve"].state.running  # left as it is
+    assert clusters.containers(head, project)[service].state.running  # left as it is
 
 
 def chat(node: Node, key: str) -> dict[str, Any]:
@@ -286,27 +293,7 @@ def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed
     pair: Pair,
 ) -> None:
     bed, tmp = pair
-    head, worker = bed.nodes[:2]
-    path = config(tmp, bed, "rayw", "ray", VLLM_RAY)
-    watcher = clusters.Background(
-        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30", cwd=tmp
-    )
-    try:
-        watcher.wait_for("ready: http://192.168.200.12:30000/v1", 900)
-        watcher.wait_for("watch: ok", 120)
-        before = {n.name: clusters.containers(n, "rayw")["ray"].id for n in (head, worker)}
-        worker.docker.container.kill(before[worker.name])
-        failed = watcher.wait_for("watch: check failed (1/2)", 60)
-        assert "spark2: ray exited (exit 137)" in failed
-        watcher.wait_for("recreating the whole group", 60)
-        watcher.wait_for("watch: recovery 1 done: serving again", 900)
-        watcher.wait_for("watch: ok", 120)
-        after = {n.name: clusters.containers(n, "rayw")["ray"].id for n in (head, worker)}
-        assert set(after.values()).isdisjoint(before.values())
-        assert chat(worker, clusters.api_key(path))["choices"][0]["message"]["content"]
-    finally:
-        stopped = watcher.interrupt()
-    assert stopped == 130, watcher.output
+    watched_recovery(bed, config(tmp, bed, "rayw", "ray", VLLM_RAY), "rayw", "ray")
 
 
 HOLD = """
