@@ -109,7 +109,7 @@ def sync_model(
 ) -> None:
     """Copy the model from the head (or --from) to the same path on every other node, node to
     node; verified file by file against the manifest (the lock's, when there is one)."""
-    opened = open_config(path, outdir, strict=True, with_secrets=True)
+    opened = open_config(path, outdir, strict=True)  # its containers need no secret
     nodes = {n.name: n for n in opened.cluster.nodes}
     if source is not None and source not in nodes:
         raise VllmComposeError(f"no node '{source}' in {path}", f"nodes: {', '.join(nodes)}")
