@@ -4,6 +4,8 @@ ID after loading. A node that has the image moves nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +16,8 @@ from python_on_whales import DockerClient, DockerException
 
 from generator.errors import DockerError
 from generator.fanout import Report, each
+
+CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,19 +64,27 @@ def _build(target: Target, tag: str, base: str) -> None:
 def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
     """`docker save | docker load` between two contexts, with progress; returns bytes moved."""
     size = source.docker.image.inspect(tag).size
-    moved = 0
+    moved, route = 0, f"{source.name} -> {dest.name}"
 
     def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """python-on-whales yields `docker save`'s tar split at newline bytes (a few hundred
+        bytes each): handed on in pieces of CHUNK, with progress."""
         nonlocal moved
-        last = time.monotonic()
-        for chunk in chunks:
-            moved += len(chunk)
-            if time.monotonic() - last > 2:
-                report(
-                    f"image: {tag} {source.name} -> {dest.name}: {moved >> 20} / ~{size >> 20} MiB"
-                )
-                last = time.monotonic()
-            yield chunk
+        last, piece = time.monotonic(), bytearray()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            # python-on-whales gives `docker save` 0.1 s to exit after its last byte; the image
+            # ID checked below says whether everything arrived.
+            for chunk in chunks:
+                piece += chunk
+                if len(piece) >= CHUNK:
+                    moved += len(piece)
+                    yield bytes(piece)
+                    piece.clear()
+                if time.monotonic() - last > 2:
+                    report(f"image: {tag} {route}: {moved >> 20} / ~{size >> 20} MiB")
+                    last = time.monotonic()
+        moved += len(piece)
+        yield bytes(piece)
 
     try:
         saved = source.docker.image.save(tag)
