@@ -29,9 +29,9 @@ def each(
     what: str = "",
     stop_on_error: bool = False,
 ) -> dict[str, T | BaseException]:
-    """One callable per node at once; node -> its result or the exception it raised, in the
-    order they finished, then `Late` for each still running at the deadline (or, with
-    `stop_on_error`, when the first one failed). Daemon threads: work that is given up on does not
+    """One callable per node at once; node -> its result or the exception it raised (`Late` for
+    each still running at the deadline or, with `stop_on_error`, when the first one failed), in
+    the order of `work`. Daemon threads: work that is given up on does not
     hold the command open. With `report`, says every few seconds which are still running."""
     done: dict[str, T | BaseException] = {}
 
@@ -60,7 +60,7 @@ def each(
             report(f"{what}: waiting for {', '.join(still)} ({time.monotonic() - start:.0f} s)")
     late = Late(f"no answer in {timeout:g} s")
     finished = dict(done)
-    return finished | {n: late for n in work if n not in finished}
+    return {n: finished.get(n, late) for n in work}
 
 
 def parallel(

@@ -153,7 +153,7 @@ def clean(bed: Testbed, folder: Path) -> None:
 def containers(node: Node, project: str) -> dict[str, Container]:
     docker = DockerClient(context=node.context)
     found = docker.container.list(
-        all=True, filters={"label": f"com.docker.compose.project={project}"}
+        all=True, filters=[("label", f"com.docker.compose.project={project}")]
     )
     return {(c.config.labels or {})["com.docker.compose.service"]: c for c in found}
 
@@ -161,9 +161,12 @@ def containers(node: Node, project: str) -> dict[str, Container]:
 def leftovers(node: Node, project: str) -> list[str]:
     """Containers, volumes and networks of the project still on the node."""
     docker = DockerClient(context=node.context)
-    label = {"label": f"com.docker.compose.project={project}"}
+    label = f"com.docker.compose.project={project}"
+    containers = docker.container.list(all=True, filters=[("label", label)])
+    volumes = docker.volume.list(filters=[("label", label)])
+    networks = docker.network.list(filters=[("label", label)])
     return [
-        *(f"container {c.name}" for c in docker.container.list(all=True, filters=label)),
-        *(f"volume {v.name}" for v in docker.volume.list(filters=label)),
-        *(f"network {n.name}" for n in docker.network.list(filters=label)),
+        *(f"container {c.name}" for c in containers),
+        *(f"volume {v.name}" for v in volumes),
+        *(f"network {n.name}" for n in networks),
     ]
