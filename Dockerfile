@@ -11,9 +11,8 @@ LABEL org.opencontainers.image.title="vllm-compose wrapper" \
       io.vllm-compose.wrapper="1"
 ENV VLLM_COMPOSE_BASE_IMAGE="${BASE_IMAGE}"
 COPY image/entrypoint.sh /usr/local/bin/vllm-compose-entrypoint
-# The health tool's modules in one folder; the link's target is what Python puts first on
-# sys.path, so its sibling imports resolve.
-COPY image/health.py image/facts.py image/raychecks.py image/transfer.py /usr/local/lib/vllm-compose/
-RUN chmod 0755 /usr/local/lib/vllm-compose/health.py \
- && ln -sf /usr/local/lib/vllm-compose/health.py /usr/local/bin/vllm-compose-health
+# The health tool: its command, and the modules it imports from the folder it names. No RUN: a
+# build step needs a network, and hosts with Docker's bridge turned off have none.
+COPY image/health.py /usr/local/bin/vllm-compose-health
+COPY image/facts.py image/raychecks.py image/transfer.py /usr/local/lib/vllm-compose/
 ENTRYPOINT ["/usr/local/bin/vllm-compose-entrypoint"]

@@ -4,10 +4,9 @@ ID after loading. A node that has the image moves nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -62,39 +61,48 @@ def _build(target: Target, tag: str, base: str) -> None:
 
 
 def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
-    """`docker save | docker load` between two contexts, with progress; returns bytes moved."""
+    """`docker save | docker load` between two contexts, with progress; returns bytes moved.
+    Processes of its own (python-on-whales's command lines): python-on-whales's save and load
+    streams split the tar at newline bytes, leave their pipes open, and give `docker save` 0.1 s
+    to exit (tests/test_layout.py names this exception)."""
     size = source.docker.image.inspect(tag).size
-    moved, route = 0, f"{source.name} -> {dest.name}"
-
-    def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
-        """python-on-whales yields `docker save`'s tar split at newline bytes (a few hundred
-        bytes each): handed on in pieces of CHUNK, with progress."""
-        nonlocal moved
-        last, piece = time.monotonic(), bytearray()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            # python-on-whales gives `docker save` 0.1 s to exit after its last byte; the image
-            # ID checked below says whether everything arrived.
-            for chunk in chunks:
-                piece += chunk
-                if len(piece) >= CHUNK:
-                    moved += len(piece)
-                    yield bytes(piece)
-                    piece.clear()
-                if time.monotonic() - last > 2:
-                    report(f"image: {tag} {route}: {moved >> 20} / ~{size >> 20} MiB")
-                    last = time.monotonic()
-        moved += len(piece)
-        yield bytes(piece)
-
-    try:
-        saved = source.docker.image.save(tag)
-        assert saved is not None  # no output file: a stream
-        dest.docker.image.load(counted(saved), quiet=True)
-    except DockerException as e:
-        raise DockerError.wrap(dest.name, f"loading {tag} from node '{source.name}'", e) from None
+    save = subprocess.Popen(
+        [*map(str, source.docker.client_config.docker_cmd), "save", tag], stdout=subprocess.PIPE
+    )
+    load = subprocess.Popen(
+        [*map(str, dest.docker.client_config.docker_cmd), "load", "-q"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    route = f"{source.name} -> {dest.name}"
+    moved = _pump(
+        save, load, lambda n: report(f"image: {tag} {route}: {n >> 20} / ~{size >> 20} MiB")
+    )
+    save.wait()
+    assert load.stderr
+    with load.stderr:
+        err = load.stderr.read().decode(errors="replace")
+    if save.returncode or load.wait():
+        raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
     want, got = source.docker.image.inspect(tag).id, dest.docker.image.inspect(tag).id
     if want != got:
         raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")
+    return moved
+
+
+def _pump(
+    save: subprocess.Popen[bytes], load: subprocess.Popen[bytes], tick: Callable[[int], None]
+) -> int:
+    assert save.stdout and load.stdin
+    moved, last = 0, time.monotonic()
+    with save.stdout, load.stdin:
+        while chunk := save.stdout.read(CHUNK):
+            load.stdin.write(chunk)
+            moved += len(chunk)
+            if time.monotonic() - last > 2:
+                tick(moved)
+                last = time.monotonic()
     return moved
 
 

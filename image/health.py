@@ -36,10 +36,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-# The modules beside this file (one folder in the image; this file is linked into PATH).
-from facts import facts
-from raychecks import check_ray, print_nodes, print_slots
-from transfer import connect, manifest, receive, send
+# Its modules: in the wrapper image, in LIB (Dockerfile); in a checkout, beside this file.
+LIB = "/usr/local/lib/vllm-compose"
+sys.path.insert(1, LIB)
+
+from facts import facts  # noqa: E402
+from raychecks import check_ray, print_nodes, print_slots  # noqa: E402
+from transfer import connect, manifest, receive, send  # noqa: E402
 
 API_KEY = "/run/secrets/api_key"
 # Commands that print their result (JSON or a stream) instead of "<command> ok".
