@@ -1,9 +1,9 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> the head's Ray -> the workers' Ray (parallel) -> serve, ready at
-    its first real completion. A start phase that fails is named at once, then takes the group
-    down again (unless kept for inspection).
+    -> secrets -> preflight -> every node's Ray (parallel), then serve at once (native: the
+    headless ranks, then serve), ready at its first real completion. A start phase that fails
+    is named at once, then takes the group down again (unless kept for inspection).
 watch (generator/watch.py decides when): `problems` checks the running group, `recreate` takes
     it down in order and runs `up` again.
 """
@@ -27,8 +27,8 @@ from generator.fleet import DOWN_TIMEOUT, Fleet
 @dataclass(frozen=True)
 class Timeouts:
     contexts: int = 30
-    ray_head: int = 120
-    join: int = 300  # workers' Ray joining the head
+    ray: int = 120  # starting every node's Ray container
+    join: int = 300  # every node's Ray in the head's GCS, counted from serve's start
     serve: int | None = None  # default: the config's vllm.startup_timeout
 
 
@@ -83,10 +83,11 @@ class Deployment:
     def _start(self, result: Result) -> None:
         c = self.fleet.cluster
         if c.backend == "ray":
-            self._phase(result, "ray-head", lambda: self._ray_head(self.timeouts.ray_head))
-            self._phase(result, "ray-workers", lambda: self._workers_up(self.timeouts.join))
+            # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM waits for the
+            # workers in its placement group; `_serve_up` names a node that did not join in time.
+            self._phase(result, "ray", lambda: self._ray_up(self.timeouts.ray))
         else:
-            self._phase(result, "ranks", lambda: self._workers_up(None))
+            self._phase(result, "ranks", lambda: self._workers_up())
         serve_timeout = self.timeouts.serve or c.vllm.startup_timeout
         self._phase(result, "serve", lambda: self._serve_up(serve_timeout))
 
@@ -96,52 +97,40 @@ class Deployment:
         fn()
         result.phases.append((name, time.monotonic() - start))
 
-    def _compose_up(
-        self, node: Node, services: list[str] | None, wait: int | None, phase: str
-    ) -> None:
+    def _compose_up(self, node: Node, services: list[str], phase: str) -> None:
         try:
-            self.fleet.compose_up(node, services, wait)
+            self.fleet.compose_up(node, services)
         except DockerException as e:
             raise readiness.failure(self.fleet, node, phase, reason(e)) from None
 
-    def _ray_head(self, timeout: float) -> None:
-        head = self.fleet.head
-        self._compose_up(head, ["ray"], None, "ray-head")
-        probe = probes.ray(self.fleet.gcs, [str(head.ip)])
-        readiness.wait(readiness.Watched(self.fleet, head, "ray", "ray-head"), probe, timeout)
+    def _ray_up(self, timeout: float) -> None:
+        """Start every node's Ray container (a worker's waits for the head's GCS itself)."""
+        work = {n.name: self._starter(n, ["ray"], "ray") for n in self.fleet.cluster.nodes}
+        parallel("ray", work, timeout, self.fleet.report)
 
-    def _workers_up(self, timeout: int | None) -> None:
-        phase = "ray-workers" if timeout else "ranks"
+    def _starter(self, node: Node, services: list[str], phase: str) -> Callable[[], None]:
+        return lambda: self._compose_up(node, services, phase)
 
-        def start(node: Node) -> Callable[[], None]:
-            def run() -> None:
-                self._compose_up(node, None, timeout, phase)
-                # Compose's --wait was seen returning 0 with the worker still "starting" (its
-                # link cut): its word is checked.
-                if timeout is not None and self.fleet.failing_service(node):
-                    raise readiness.failure(
-                        self.fleet, node, phase, f"not healthy after {timeout} s"
-                    )
-
-            return run
-
-        work = {n.name: start(n) for n in self.fleet.cluster.workers}
+    def _workers_up(self) -> None:
+        """The native backend's headless ranks, started at once (rank 0 waits for them)."""
+        work = {n.name: self._starter(n, ["serve"], "ranks") for n in self.fleet.cluster.workers}
         if work:
-            parallel(phase, work, (timeout or 120) + 30, self.fleet.report)
+            parallel("ranks", work, 150, self.fleet.report)
 
     def _serve_up(self, timeout: int) -> None:
-        """Start serve (Compose holds it behind its gates) and follow its log; probe it with the
-        same real completion its healthcheck sends as soon as the server says it started, and
-        every few seconds anyway. Waiting on the healthcheck instead would add up to its interval
-        to every start; polling faster would steal CPU from the model load."""
-        fleet, head = self.fleet, self.fleet.head
-        # Compose holds serve back until the head's Ray is healthy: bounded by the same timeout.
-        start = lambda: self._compose_up(head, ["serve"], None, "serve")  # noqa: E731
-        parallel("serve", {head.name: start}, timeout, fleet.report)
-        # Native: a headless rank that dies leaves rank 0 waiting for it; watch them too.
-        ranks = fleet.cluster.workers if fleet.cluster.backend == "native" else []
-        c = fleet.cluster
-        watched = readiness.Watched(fleet, head, "serve", "serve", ranks)
+        """Start serve and follow its log; probe it with the same real completion its healthcheck
+        sends as soon as the server says it started, and every few seconds anyway. Waiting on the
+        healthcheck instead would add up to its interval to every start; polling faster would
+        steal CPU from the model load. Meanwhile every other rank must keep running, and with Ray
+        every node must have joined within the join timeout."""
+        fleet, head, c = self.fleet, self.fleet.head, self.fleet.cluster
+        parallel("serve", {head.name: self._starter(head, ["serve"], "serve")}, 150, fleet.report)
+        if c.backend == "ray":
+            others = [(n, "ray") for n in c.nodes]
+            join = readiness.Join(self.timeouts.join)
+        else:  # a headless rank that dies leaves rank 0 waiting for it
+            others, join = [(n, "serve") for n in c.workers], None
+        watched = readiness.Watched(fleet, head, "serve", "serve", others, join)
         readiness.wait(watched, probes.serve(c.vllm.port, c.served_model_name), timeout, True)
 
     # watch's view of the group (generator/watch.py)

@@ -149,15 +149,8 @@ class Fleet:
 
     # The running stack
 
-    def compose_up(self, node: Node, services: list[str] | None, wait: int | None) -> None:
-        self.docker[node.name].compose.up(
-            services,
-            detach=True,
-            wait=wait is not None,
-            wait_timeout=wait,
-            quiet=True,
-            pull="never",
-        )
+    def compose_up(self, node: Node, services: list[str]) -> None:
+        self.docker[node.name].compose.up(services, detach=True, quiet=True, pull="never")
 
     def execute(self, node: Node, service: str, args: list[str]) -> str:
         return str(self.docker[node.name].compose.execute(service, args, tty=False))

@@ -43,6 +43,19 @@ def failure(
 
 
 @dataclass
+class Join:
+    """Every node's Ray in the head's GCS `seconds` after the start (vLLM waits for them in its
+    placement group meanwhile): asked of the GCS at that deadline, or when vLLM says it waits."""
+
+    seconds: float
+    deadline: float = 0.0
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.seconds
+
+
+@dataclass
 class Watched:
     """What `wait` knows while it waits."""
 
@@ -50,7 +63,8 @@ class Watched:
     node: Node
     service: str
     phase: str
-    ranks: list[Node] = field(default_factory=list)  # other nodes whose `service` must run
+    others: list[tuple[Node, str]] = field(default_factory=list)  # (node, service) that must run
+    join: Join | None = None
     started: bool = False
     last: str = "not probed yet"
 
@@ -60,16 +74,40 @@ class Watched:
             return True
         except DockerException as e:
             self.last = reason(e).removeprefix(f"{probes.HEALTH}: ")
-        for other in [self.node, *self.ranks]:
-            if not self.fleet.running(other, self.service):
-                raise failure(self.fleet, other, self.phase, f"{self.service} stopped")
+        for other, service in [(self.node, self.service), *self.others]:
+            if not self.fleet.running(other, service):
+                phase = self.phase if service == self.service else service
+                raise failure(self.fleet, other, phase, f"{service} stopped")
         return False
+
+    def joined(self, now: bool = False) -> bool:
+        """Has every node's Ray joined? Asked of the head's GCS at the join deadline, or `now`.
+        Not by the deadline is a failure naming the first node missing."""
+        join = self.join
+        if join is None or join.done:
+            return True
+        if not now and time.monotonic() < join.deadline:
+            return False
+        fleet, c = self.fleet, self.fleet.cluster
+        try:
+            fleet.execute(self.node, "ray", probes.ray(fleet.gcs, [str(n.ip) for n in c.nodes]))
+            join.done = True
+        except DockerException as e:
+            said = reason(e).removeprefix(f"{probes.HEALTH}: ")
+            if time.monotonic() >= join.deadline:
+                missing = said.partition("missing: ")[2].partition(" (")[0].split(", ")
+                node = next((n for n in c.nodes if str(n.ip) in missing), self.node)
+                message = f"not in Ray {join.seconds:g} s after the start: {said}"
+                raise failure(fleet, node, "ray-join", message) from None
+        return join.done
 
     def read(self, line: str | None) -> None:
         """One line of the followed log (None: it ended, the container stopped)."""
         if line is None or STARTED in line:
             self.started = True
         elif tripped := diagnose.guard(line):
+            if tripped is diagnose.PLACEMENT and not self.joined(now=True):
+                return  # a node still joining: the join deadline judges it
             cause = placement_cause(self.fleet) if tripped is diagnose.PLACEMENT else None
             raise failure(
                 self.fleet,
@@ -96,6 +134,7 @@ def wait(watched: Watched, probe: list[str], limit: float, follow: bool = False)
                 probed = now
                 if watched.probe(probe):
                     return
+            watched.joined()
             if now - start > limit:
                 message = f"not ready after {limit:g} s: {watched.last}"
                 raise failure(fleet, node, watched.phase, message)

@@ -73,7 +73,7 @@ def _ray_head(stack: NodeStack) -> Service:
     return Service(
         "ray",
         cmd,
-        Health(test, start_period=300),
+        _ray_health(test),
         volumes=[f"shared-tmp:{SHARED_TMP}"],
         secrets=_ray_secrets(stack),
         configs=stack.config_targets,
@@ -87,11 +87,17 @@ def _ray_worker(stack: NodeStack) -> Service:
     return Service(
         "ray",
         cmd,
-        Health(test, start_period=300),
+        _ray_health(test),
         environment=env,
         secrets=_ray_secrets(stack),
         configs=stack.config_targets,
     )
+
+
+def _ray_health(test: list[str]) -> Health:
+    # Nothing waits on it (serve starts with Ray; `up` and `watch` ask the GCS themselves): every
+    # 15 s, so its Python start and GCS read do not compete with the model load for CPU.
+    return Health(test, start_period=300, interval=15)
 
 
 def _ray_secrets(stack: NodeStack) -> list[str]:

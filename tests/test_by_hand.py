@@ -108,7 +108,7 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     assert "(secret: mode 0600, contents never shown)" in rendered.stdout
     folders = tmp / "compose" / "byhand"
 
-    # Worker first, then the head (whose Ray gate holds serve until the worker has joined).
+    # Worker first, then the head (serve starts with its Ray; vLLM waits for the worker's slot).
     done(compose(worker, folders / "spark2", "up", "-d"))
     done(compose(head, folders / "spark1", "up", "-d"))
     assert answered(worker, folders / "spark1")["usage"]["completion_tokens"] == 4
@@ -116,7 +116,7 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     down(head, worker, folders, backend)
 
     # The folders copied elsewhere, the originals and the config's files gone: nothing in them
-    # points back. Head first this time; its `up -d` waits for the worker to join.
+    # points back. Head first this time: vLLM waits in its placement group for the worker.
     elsewhere = tmp / "elsewhere"
     shutil.copytree(folders, elsewhere)
     shutil.rmtree(tmp / "compose")

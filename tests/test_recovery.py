@@ -59,14 +59,16 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> N
     config = write_config(tmp / "c.yaml", "linkcut", [head, worker])
     upping = Background("up", config, "--join-timeout", "30", "--serve-timeout", "60", cwd=tmp)
     try:
-        upping.wait_for("ray-head ...", 120)  # preflight passed: the link was up until now
+        upping.wait_for("ray ...", 120)  # preflight passed: the link was up until now
         bed.link_down(worker)
         code = upping.wait(300)
     finally:
         upping.interrupt()
         bed.link_up(worker)
     assert code == 1, upping.output
-    assert "node 'spark2': phase 'ray-workers' failed" in upping.output
+    assert (
+        "node 'spark2': phase 'ray-join' failed: not in Ray 30 s after the start" in upping.output
+    )
     assert "192.168.200.12:6379" in upping.output  # what it could not reach
     assert "rolled back on spark1: removed" in upping.output
     assert "rolled back on spark2: removed" in upping.output

@@ -1,15 +1,38 @@
 #!/usr/bin/python3
-"""STAND-IN for `vllm serve`, used only in the Ray-backend deploy tests' image (the real vLLM CPU
-build refuses the Ray executor). It does what the deploy path depends on and nothing more: attaches
-to the head's Ray session as a driver, checks that the cluster has the GPUs TP x PP asks for, and
-answers the OpenAI completion route. It never pretends to generate: the text is fixed and says so.
+"""STAND-IN for `vllm serve`, used only in the Ray-backend deploy tests' image, which need no model
+(test_e2e.py runs the real vLLM). It does what the deploy path depends on and nothing more:
+attaches to the head's Ray session as a driver, waits for a placement group of the GPU slots
+TP x PP asks for, and answers the OpenAI completion route. It never pretends to generate: the
+text is fixed and says so.
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def wait_for_placement(needed: int) -> None:
+    """As vLLM's Ray executor: one GPU slot per rank in a placement group, waited for up to
+    1800 s, with vLLM's log line after 10 s, 20 s more, 40 s more... (what `up` watches for)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"GPU": 1.0}] * needed)
+    start, interval = time.time(), 10
+    while time.time() - start < 1800:
+        ready, _ = ray.wait([group.ready()], timeout=interval)
+        if ready:
+            return
+        interval *= 2
+        print(
+            "INFO stand-in vllm: Waiting for creating a placement group of specs for "
+            f"{int(time.time() - start)} seconds. specs={group.bundle_specs}",
+            flush=True,
+        )
+    sys.exit(f"stand-in vllm: no placement group of {needed} GPU slots after 1800 s")
 
 
 def main() -> None:
@@ -25,10 +48,8 @@ def main() -> None:
     import ray
 
     ray.init(address="auto")  # the head's session, through the shared /tmp/ray
-    gpus = ray.cluster_resources().get("GPU", 0)
     needed = args.tensor_parallel_size * args.pipeline_parallel_size
-    if gpus < needed:
-        sys.exit(f"stand-in vllm: Ray cluster has {gpus:g} GPUs, TP x PP needs {needed}")
+    wait_for_placement(needed)
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
     print(f"stand-in vllm: attached to Ray, nodes {nodes}, serving on :{args.port}", flush=True)
     name = args.served_model_name or args.model
