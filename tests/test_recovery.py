@@ -5,6 +5,7 @@ STAND-IN (tests/support/standin_vllm.py); the Ray cluster, engines, Compose and 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,3 +107,28 @@ def test_up_after_engines_restart_and_bring_their_containers_back_recreates_noth
 
 def ids(node: Node) -> dict[str, str]:
     return {service: c.id for service, c in containers(node, "restored").items()}
+
+
+def test_ctrl_c_stops_watch_within_two_seconds_every_time(stack: Pair) -> None:
+    """Five times, at different points of the watch loop (in a check, in the pause between), and
+    with SIGINT ignored by the parent as a shell's background job has it: exit 130 within 2 s,
+    the group left serving."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "ctrlc", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {s: c.id for s, c in containers(head, "ctrlc").items()}
+    for i, pause in enumerate([0.0, 0.3, 1.0, 1.7, 2.5]):
+        watcher = Background("watch", config, "--interval", "2", cwd=tmp, sigint_ignored=i % 2 == 1)
+        try:
+            watcher.wait_for("watch: ok", 120)
+            time.sleep(pause)
+            began = time.monotonic()
+            code = watcher.interrupt(seconds=10)
+            took = time.monotonic() - began
+        finally:
+            watcher.interrupt(seconds=0.1)
+        assert code == 130, f"after {pause} s: {code}\n{watcher.output}"
+        assert took <= 2, f"after {pause} s: stopped in {took:.1f} s"
+        assert "watch: stopped; the group is left as it is" in watcher.output
+    assert {s: c.id for s, c in containers(head, "ctrlc").items()} == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Annotated
 
@@ -105,6 +106,9 @@ def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
         f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"
         f" Ctrl-C stops watching and leaves the group as it is"
     )
+    # Ctrl-C always stops watch: a process started with SIGINT ignored (a shell's background job,
+    # some CI runners) inherits that, and Python then raises no KeyboardInterrupt at all.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         watching.watch(opened.deployment, policy, report)
     except KeyboardInterrupt:

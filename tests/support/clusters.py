@@ -85,9 +85,12 @@ class Background:
     """The CLI running on its own (`up --watch`, `watch`, a slow `up`), its stderr and stdout
     lines read as they come."""
 
-    def __init__(self, *args: str | Path, cwd: Path) -> None:
+    def __init__(self, *args: str | Path, cwd: Path, sigint_ignored: bool = False) -> None:
+        cmd = [sys.executable, "-m", "generator", *map(str, args)]
+        if sigint_ignored:  # as a shell starts a background job: the CLI inherits SIG_IGN
+            cmd = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *cmd]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "generator", *map(str, args)],
+            cmd,
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
