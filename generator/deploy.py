@@ -17,7 +17,7 @@ from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import lock, observe, preflight, probes, readiness
+from generator import evidence, lock, observe, preflight, probes, readiness
 from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
@@ -45,6 +45,7 @@ class Deployment:
     locked: lock.Lock | None = None
     lock_file: Path = Path("cluster.lock.json")
     accept_drift: bool = False  # just re-locked: nodes holding another image get the locked one
+    logs: Path = Path("vllm-compose-logs")  # where a failed group's logs are saved (evidence.py)
     timeouts: Timeouts = Timeouts()
 
     def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
@@ -63,6 +64,7 @@ class Deployment:
         except (VllmComposeError, DockerException) as e:
             fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
+                evidence.save_logs(fleet, self.logs, "rolling back")
                 fleet.report("rolling back: taking the group down on every node")
                 for node, outcome in fleet.down().items():
                     fleet.report(f"rolled back on {node}: {outcome}")
@@ -139,12 +141,16 @@ class Deployment:
         return observe.problems(self.fleet, deadline)
 
     def down(self) -> dict[str, str]:
-        return self.fleet.down()
+        """watch giving up: the logs saved first, the containers removed, the volumes kept (the
+        head's /tmp holds Ray's session logs; `vllm-compose down` removes them)."""
+        evidence.save_logs(self.fleet, self.logs, "giving up")
+        return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
 
     def recreate(self) -> Result:
         """The whole group again: serve, then the workers, then the head down; then up as `up`
         does (head, workers, serve), preflight included."""
         fleet, head = self.fleet, self.fleet.head
+        evidence.save_logs(fleet, self.logs, "recreate")
         fleet.report("recreate: taking serve, then the workers, then the head down")
         serve = each({head.name: lambda: fleet.remove(head, "serve")}, DOWN_TIMEOUT)[head.name]
         if isinstance(serve, BaseException):

@@ -184,6 +184,12 @@ class Fleet:
         except DockerException as e:
             return f"(logs unavailable: {reason(e)})"
 
+    def all_logs(self, node: Node, lines: int) -> str:
+        """Every service's last `lines` lines, exited containers too, each with its service and
+        time."""
+        logs = self.docker[node.name].compose.logs(tail=str(lines), timestamps=True)
+        return str(logs)
+
     @contextlib.contextmanager
     def follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:
         """The service's log lines as they come, then None when it ends. python-on-whales streams
@@ -207,12 +213,13 @@ class Fleet:
     def remove(self, node: Node, service: str) -> None:
         self.docker[node.name].compose.rm([service], stop=True, volumes=True)
 
-    def down(self, nodes: list[Node] | None = None) -> dict[str, str]:
-        """Every node (or those given) in parallel; node -> 'removed' or why it is not clean."""
+    def down(self, nodes: list[Node] | None = None, volumes: bool = True) -> dict[str, str]:
+        """Every node (or those given) in parallel; node -> 'removed' or why it is not clean.
+        Without `volumes`, the named volumes stay (the head's /tmp: Ray's session logs)."""
 
         def one(node: Node) -> Callable[[], object]:
             return lambda: self.docker[node.name].compose.down(
-                remove_orphans=True, volumes=True, quiet=True
+                remove_orphans=True, volumes=volumes, quiet=True
             )
 
         chosen = self.cluster.nodes if nodes is None else nodes

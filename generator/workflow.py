@@ -104,7 +104,8 @@ def opened(
         rendered = plan(path, cluster, folder, found)
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {})
+        logs = path.with_name(f"{path.stem}.logs")
         deployment = Deployment(
-            fleet, locked, lock.path_for(path), update_lock, timeouts or Timeouts()
+            fleet, locked, lock.path_for(path), update_lock, logs, timeouts or Timeouts()
         )
         yield Opened(cluster, locked, found, rendered, deployment)

@@ -37,8 +37,7 @@ def first_healthy(container: Container, seconds: float) -> datetime:
     """When its health check first passed (waiting up to `seconds` for one to run)."""
     deadline = time.monotonic() + seconds
     while True:
-        container.reload()
-        health = container.state.health
+        health = container.state.health  # re-inspected when read (python-on-whales's cache)
         log = health.log or [] if health else []
         passed = [e.end for e in log if e.exit_code == 0 and e.end]
         if passed:

@@ -49,8 +49,15 @@ def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_cle
     assert all("node 'spark2'" in line and "does not answer" in line for line in failed)
     headline = "watch: gave up after 2 recoveries in a row; last problem: spark2: engine does not"
     gave_up = next(i for i, line in enumerate(watcher.lines) if line.startswith(headline))
-    assert watcher.lines[gave_up + 1] == "  spark1: removed"
+    assert watcher.lines[gave_up + 1] == "  spark1: removed, volumes kept"
     assert watcher.lines[gave_up + 2].startswith("  spark2: failed: ")
+    # The cause outlives the containers: each recreate and the give-up saved the logs first, and
+    # the head's /tmp (Ray's session logs) stays until `down`.
+    saved = sorted((tmp / "c.logs").glob("*/spark1.log"))
+    assert len(saved) >= 2 and "stand-in vllm: attached to Ray" in saved[0].read_text()
+    assert any("giving up: logs not saved: spark2: " in line for line in watcher.lines)
+    assert clusters.leftovers(head, "enginestop") == ["volume enginestop_shared-tmp"]
+    assert cli("down", config, cwd=tmp).returncode == 0
     assert clusters.leftovers(head, "enginestop") == []
 
 
@@ -71,6 +78,8 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> N
         "node 'spark2': phase 'ray-join' failed: not in Ray 30 s after the start" in upping.output
     )
     assert "192.168.200.12:6379" in upping.output  # what it could not reach
+    saved = next((tmp / "c.logs").glob("*/spark2.log")).read_text()
+    assert "waiting up to 300 s for the head's Ray at 192.168.200.12:6379" in saved
     assert "rolled back on spark1: removed" in upping.output
     assert "rolled back on spark2: removed" in upping.output
     assert clusters.leftovers(head, "linkcut") == []
