@@ -56,7 +56,7 @@ class Deployment:
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))
-        self._phase(result, "secrets", fleet.push_secrets)
+        self._phase(result, "secrets", self._secrets)
         if checks:
             self._phase(result, "preflight", self._preflight)
         try:
@@ -78,6 +78,31 @@ class Deployment:
             return self.fleet.images()
         except DockerError as e:
             raise PhaseError(e.node, "image", e.what, e.detail) from None
+
+    def _secrets(self) -> None:
+        """The secret files onto the nodes. A running service started before one of its secrets
+        last changed on its node (a rotated key, whichever command wrote it there) is removed:
+        the start below recreates it with the new one."""
+        changed = self.fleet.push_secrets()
+
+        def stale(node: Node) -> Callable[[], None]:
+            def run() -> None:
+                states, stamps = self.fleet.states(node), changed.get(node.name, {})
+                for service in reversed(self.fleet.stacks[node.name].services):  # serve first
+                    state = states.get(service.name)
+                    if not (state and state.running and state.started_at):
+                        continue
+                    started = state.started_at.timestamp()
+                    newer = [s for s in service.secrets if started < stamps.get(s, 0)]
+                    if newer:
+                        said = f"{', '.join(newer)} changed since {service.name} started"
+                        self.fleet.report(f"secrets: {node.name}: {said}; it restarts with it")
+                        self.fleet.remove(node, service.name)
+
+            return run
+
+        nodes = [n for n in self.fleet.cluster.nodes if changed.get(n.name)]
+        parallel("secrets", {n.name: stale(n) for n in nodes}, DOWN_TIMEOUT, self.fleet.report)
 
     def _preflight(self) -> None:
         preflight.must_pass(self.fleet, self.locked, self.lock_file)

@@ -88,19 +88,20 @@ class Fleet:
         ]
         return images.distribute(targets, self.wrapper, self.cluster.image, self.report)
 
-    def push_secrets(self, nodes: list[Node] | None = None) -> None:
-        """Each node's secret files onto the node, all nodes (or those given) at once. Compose
-        creates no container of a service whose secret file is missing, one-off ones (preflight's
-        facts) included."""
+    def push_secrets(self, nodes: list[Node] | None = None) -> dict[str, dict[str, float]]:
+        """Each node's secret files onto the node, all nodes (or those given) at once; node ->
+        secret -> when its contents last changed there (secrets.push). Compose creates no
+        container of a service whose secret file is missing, one-off ones (preflight's facts)
+        included."""
 
-        def push(node: Node) -> Callable[[], None]:
+        def push(node: Node) -> Callable[[], dict[str, float]]:
             used = self.stacks[node.name].used_secrets
             files = {n: p for n, p in self.secret_files.items() if n in used}
             docker, name = self.docker[node.name], self.cluster.name
             return lambda: secrets.push(docker, node.name, name, self.wrapper, files)
 
         work = {n.name: push(n) for n in nodes or self.cluster.nodes}
-        parallel("secrets", work, 120, self.report)
+        return parallel("secrets", work, 120, self.report)
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID its engine has under `ref`, None where it has none."""

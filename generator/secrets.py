@@ -69,17 +69,26 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     return Local(files, generated, missing)
 
 
-def push(docker: DockerClient, node: str, cluster: str, image: str, files: dict[str, Path]) -> None:
+def push(
+    docker: DockerClient, node: str, cluster: str, image: str, files: dict[str, Path]
+) -> dict[str, float]:
     """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700): the files
     are copied into a short-lived container that mounts the node's folder (`docker cp`, like a
-    file, never an argument), which then moves them into place under their names."""
+    file, never an argument), which then moves them into place under their names; a file whose
+    contents are already there is left as it was. Returns each secret's time of last change on
+    the node (its mtime, node clock): a container started before it has the old one."""
     if not files:
-        return
+        return {}
     # A temporary name of its own per file: two writers of one folder (nodes sharing a
     # filesystem) never rename each other's file.
     partial = {name: f".{SECRET_NAMES[name]}.{random_secrets.token_hex(8)}" for name in files}
-    moves = " && ".join(f"mv /s/{partial[n]} /s/{SECRET_NAMES[n]}" for n in files)
-    script = f"chmod 700 /s && chmod 600 {' '.join(f'/s/{t}' for t in partial.values())} && {moves}"
+    script = f"chmod 700 /s && chmod 600 {' '.join(f'/s/{t}' for t in partial.values())}"
+    for name in files:
+        new, old = f"/s/{partial[name]}", f"/s/{SECRET_NAMES[name]}"
+        # Only the name and a time are printed, never the contents. Without cmp: changed.
+        script += f" && {{ if [ -e {old} ] && cmp -s {new} {old}; then rm -f {new};"
+        script += f" else mv {new} {old} && touch {old}; fi; }}"
+        script += f' && echo "changed:{name}:$(stat -c %Y {old})"'
     folder = f"{SECRETS_DIR}/{cluster}"
     try:
         writer = docker.container.create(
@@ -88,8 +97,10 @@ def push(docker: DockerClient, node: str, cluster: str, image: str, files: dict[
         try:
             for name, path in files.items():
                 docker.copy(path, (writer, f"/s/{partial[name]}"))
-            docker.container.start(writer, attach=True)
+            said = str(docker.container.start(writer, attach=True) or "")
         finally:
             docker.container.remove(writer, force=True)
     except DockerException as e:
         raise DockerError.wrap(node, f"writing the {', '.join(files)} file failed", e) from None
+    stamps = [line.split(":") for line in said.split() if line.startswith("changed:")]
+    return {name: float(when) for _, name, when in stamps}

@@ -147,6 +147,32 @@ def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:
     assert containers(worker, "change")["ray"].id == worker_before
 
 
+def test_a_rotated_api_key_is_applied_by_up(stack: Pair) -> None:
+    """A new key in the file: the next `up` restarts serve alone with it; the old key is refused
+    from then on. Written onto the nodes by another command first (`secrets`), it is still seen."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "rotate", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    url = "http://192.168.200.12:30000/v1/completions"
+    old = clusters.api_key(config)
+    before = {s: c.id for s, c in containers(head, "rotate").items()}
+    key = tmp / "c.api-key"
+    key.write_text("rotated-" + old[::-1])  # mode 0600 kept: the file is rewritten in place
+    assert cli("secrets", config, cwd=tmp).returncode == 0
+    again = cli("up", config, cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    said = "secrets: spark1: api_key changed since serve started; it restarts with it"
+    assert said in again.stderr
+    after = {s: c.id for s, c in containers(head, "rotate").items()}
+    assert after["ray"] == before["ray"] and after["serve"] != before["serve"]
+    assert completion_from(worker, url, config)["choices"]
+    auth = f"Authorization: Bearer {old}"
+    status = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-d", "{}"]
+    refused = worker.nsexec(*status, url, "-H", auth)
+    assert refused.stdout == "401"
+
+
 def test_external_default_route_needs_forced_node_ips(stack: Pair) -> None:
     """The field failure: the head's default route is an "external" address the workers cannot
     reach. The generated stack pins every node's IP and forms the cluster; the same stack without
