@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,8 +29,27 @@ from generator.profiles import PROFILES, Profile, ProfileName
 NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 IFNAME = r"^[A-Za-z0-9_.:-]{1,15}$"
 ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-# A Docker image reference: [registry[:port]/]path[:tag][@digest], no spaces or control characters.
-IMAGE = r"^[a-z0-9][a-z0-9._/:-]{0,254}(@sha256:[0-9a-f]{64})?$"
+# A Docker image reference: [registry[:port]/]path[:tag][@digest]. Path components are lower case;
+# a registry host and a tag may hold upper case (nvcr.io/nvidia/vllm:25.09-PY3).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE = (
+    r"^(?:(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|localhost)(?::[0-9]+)?/|[A-Za-z0-9-]+:[0-9]+/)?"
+    rf"{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+
+
+def _text(value: str) -> str:
+    """What argv, the environment and a UTF-8 file can carry: anything but NUL and lone
+    surrogates (a YAML "\\ud800" escape makes one)."""
+    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise ValueError(
+            "NUL and lone surrogates cannot be in a command line, the environment or a file"
+        )
+    return value
+
+
+TEXT = AfterValidator(_text)
 ABS_PATH = r"^/[^\x00-\x1f:]*$"
 
 # The names the rules use, importable from here as before.
@@ -130,7 +150,7 @@ class Vllm(Strict):
         le=86400,
         description="Seconds the model may take to load before the serve service counts as failed.",
     )
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+    args: list[Annotated[str, Field(max_length=4096), TEXT]] = Field(
         default_factory=list,
         max_length=256,
         description="Further `vllm serve` arguments, passed verbatim and in order.",
@@ -196,9 +216,9 @@ class Cluster(Strict):
     model: Model = Field(description="The model to serve.")
     vllm: Vllm = Field(default_factory=Vllm, description="`vllm serve` settings.")
     ray: Ray = Field(default_factory=Ray, description="Ray settings (backend: ray).")
-    env: dict[Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192)]] = (
-        Field(default_factory=dict, max_length=256, description="Environment added on every node.")
-    )
+    env: dict[
+        Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192), TEXT]
+    ] = Field(default_factory=dict, max_length=256, description="Environment added on every node.")
     secrets: Secrets = Field(
         default_factory=Secrets,
         description="Secret files; their contents never enter a rendered file, a container's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 import jinja2
@@ -33,8 +34,16 @@ CONTEXTS_ENV_HEADER = (
 
 def quote(value: object) -> str:
     """One YAML scalar that means exactly `value`: a JSON string (valid YAML) with every `$`
-    doubled, so Compose interpolation leaves it alone and nothing can open a new key or line."""
-    return json.dumps(str(value).replace("$", "$$"))
+    doubled, so Compose interpolation leaves it alone and nothing can open a new key or line.
+    Text outside ASCII stays as it is (JSON's surrogate pairs for an emoji are no YAML escape);
+    what YAML cannot hold literally (DEL, C1 controls, U+FEFF, U+FFFE/U+FFFF) or would read as a
+    line break (U+0085, U+2028, U+2029) is escaped."""
+    text = json.dumps(str(value).replace("$", "$$"), ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# Outside YAML's printable set, a line break to YAML, or a byte order mark: escaped as \uXXXX.
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 _env = jinja2.Environment(

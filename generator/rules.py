@@ -3,6 +3,8 @@ that are allowed but risky (warnings). Pure functions of a `Cluster`."""
 
 from __future__ import annotations
 
+import re
+from ipaddress import IPv4Address
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +21,17 @@ SECRET_ENV = {
     "HUGGING_FACE_HUB_TOKEN": "hf_token_file",
 }
 MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
+# Names that hold a secret, whatever their prefix: OPENAI_API_KEY, HF_API_TOKEN,
+# AWS_SECRET_ACCESS_KEY, DB_PASSWORD.
+SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)$|(^|_)SECRET_")
+# Linux refuses to start a process whose environment and arguments pass 2 MiB (and any one string
+# 128 KiB); the stacks add their own on top of these.
+ENV_BYTES = 256 << 10
+RAY_DASHBOARD_PORT = 8265
+# A model never lives at the root of these, or anywhere in the second set.
+SYSTEM_TOP = {"/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/opt", "/root", "/sbin", "/srv",
+              "/tmp", "/usr", "/var"}  # fmt: skip
+SYSTEM_TREES = {"/dev", "/proc", "/run", "/sys", "/etc", "/boot"}
 RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {
@@ -41,7 +54,14 @@ NAMED_FLAGS = {
 
 
 def problems(c: Cluster) -> list[str]:
-    return [*_node_problems(c), *_parallel_problems(c), *_override_problems(c)]
+    return [
+        *_node_problems(c),
+        *_parallel_problems(c),
+        *_port_problems(c),
+        *_model_problems(c),
+        *_env_problems(c),
+        *_arg_problems(c),
+    ]
 
 
 def _duplicates(values: list[str]) -> dict[int, int]:
@@ -76,7 +96,25 @@ def _node_problems(c: Cluster) -> list[str]:
         for i, n in enumerate(c.nodes)
         if not c.interface_of(n)
     ]
-    return problems
+    return problems + [
+        f"nodes.{i}.ip: {n.ip} is {kind}; use the node's address on the private link"
+        for i, n in enumerate(c.nodes)
+        if (kind := _not_a_node_address(n.ip, alone=len(c.nodes) == 1))
+    ]
+
+
+def _not_a_node_address(ip: IPv4Address, alone: bool) -> str | None:
+    """What kind of address other nodes cannot reach a node at, or None for an ordinary one
+    (loopback serves a node that is the whole cluster)."""
+    kinds = [
+        (ip.is_unspecified, "the unspecified address"),
+        (ip.is_loopback and not alone, "a loopback address"),
+        (ip.is_link_local, "a link-local (169.254.x) address"),
+        (ip.is_multicast, "a multicast address"),
+        (ip == IPv4Address("255.255.255.255"), "the broadcast address"),
+        (ip.is_reserved, "a reserved address"),
+    ]
+    return next((kind for found, kind in kinds if found), None)
 
 
 def _parallel_problems(c: Cluster) -> list[str]:
@@ -86,10 +124,37 @@ def _parallel_problems(c: Cluster) -> list[str]:
             f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} GPUs asked for,"
             f" the nodes have {c.gpu_total}"
         ]
+    if c.backend == "native" and (tp * pp) % len(c.nodes):
+        return [
+            f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} ranks do not divide over"
+            f" {len(c.nodes)} nodes; the native backend runs as many on each node"
+        ]
     return []
 
 
-def _override_problems(c: Cluster) -> list[str]:
+def _port_problems(c: Cluster) -> list[str]:
+    """The API port against the other ports the stacks open on the head."""
+    others = (
+        {"ray.port": c.ray.port} if c.backend == "ray" else {"vllm.master_port": c.vllm.master_port}
+    )
+    if c.backend == "ray" and c.ray.dashboard:
+        others["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
+    return [
+        f"vllm.port: {c.vllm.port} is taken by {name}; choose another"
+        for name, port in others.items()
+        if port == c.vllm.port
+    ]
+
+
+def _model_problems(c: Cluster) -> list[str]:
+    path = c.model.path.rstrip("/") or "/"
+    top = "/" + path.split("/")[1] if path != "/" else "/"
+    if path == "/" or (path == top and top in SYSTEM_TOP) or top in SYSTEM_TREES:
+        return [f"model.path: {c.model.path} is a system folder, not a model; give its own folder"]
+    return []
+
+
+def _env_problems(c: Cluster) -> list[str]:
     problems = [
         f"env.{key}: set per node by vllm-compose from nodes[].ip / interface; remove it here"
         for key in PER_NODE_ENV
@@ -102,25 +167,49 @@ def _override_problems(c: Cluster) -> list[str]:
         if key in c.env
     ]
     problems += [
+        f"env.{key}: a secret in env shows in `docker inspect`; keep it in a file on the nodes"
+        " (secrets.hf_token_file for Hugging Face), not in the config"
+        for key in c.env
+        if key not in SECRET_ENV and SECRET_NAME.search(key)
+    ]
+    problems += [
         f"env.{key}: set by vllm-compose from ray.token_auth; set that instead"
         for key in RAY_AUTH_ENV
         if key in c.env
+    ]
+    problems += [
+        f"env.{key}: the wrapper's entrypoint uses VLLM_COMPOSE_* itself; choose another name"
+        for key in c.env
+        if key.startswith("VLLM_COMPOSE_")
     ]
     if c.backend == "ray" and "VLLM_CONFIG_ROOT" in c.env:
         problems.append(
             "env.VLLM_CONFIG_ROOT: set by vllm-compose (backend ray): it holds the list that keeps"
             " per-node variables on their node; remove it here"
         )
+    size = sum(len(k) + len(v) + 2 for k, v in c.env.items())
+    if size > ENV_BYTES:
+        problems.append(
+            f"env: {size >> 10} KiB of variables; a process cannot start with more than"
+            f" {ENV_BYTES >> 10} KiB of them here"
+        )
+    return problems
+
+
+def _arg_problems(c: Cluster) -> list[str]:
+    problems = []
     for i, arg in enumerate(c.vllm.args):
-        if arg.split("=", 1)[0] in ("--api-key", "--hf-token"):
+        # vLLM reads --a_b as --a-b and --flag=value as --flag value.
+        written = arg.split("=", 1)[0]
+        flag = "--" + written[2:].replace("_", "-") if written.startswith("--") else written
+        if flag in ("--api-key", "--hf-token"):
             problems.append(
                 f"vllm.args.{i}: a secret on the command line shows in `ps` and `docker inspect`;"
                 " use secrets.api_key_file / secrets.hf_token_file"
             )
-        flag = arg.split("=", 1)[0]
         if flag in NAMED_FLAGS:
             problems.append(
-                f"vllm.args.{i}: {flag} has a named field ({NAMED_FLAGS[flag]}); set it there"
+                f"vllm.args.{i}: {written} has a named field ({NAMED_FLAGS[flag]}); set it there"
             )
     return problems
 

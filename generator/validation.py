@@ -10,29 +10,58 @@ from pydantic import BaseModel, ValidationError
 
 from generator.errors import ConfigError
 
+MAX_BYTES = 1 << 20  # a config is a few hundred bytes; anything near this is not one
+MAX_DEPTH = 16  # the schema nests 4 levels deep
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; a config with one is almost always a mistake."""
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with limits: no anchors or aliases (nine levels of aliases expand to billions
+    of nodes), no nesting deeper than MAX_DEPTH, only plain scalars as keys, no key twice (PyYAML
+    keeps the last of two equal keys; a config with one is almost always a mistake)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _error(
+                "anchors and aliases (&name, *name) are not supported; write it out", event
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _error(f"nested deeper than {MAX_DEPTH} levels", event)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _error(problem: str, event: yaml.Event) -> yaml.MarkedYAMLError:
+    return yaml.MarkedYAMLError(problem=problem, problem_mark=event.start_mark)  # type: ignore[arg-type]
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        mark = key_node.start_mark
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.MarkedYAMLError(problem="a key must be a plain value", problem_mark=mark)
         key = loader.construct_object(key_node)
         if key in seen:
-            mark = key_node.start_mark
             raise yaml.MarkedYAMLError(problem=f"duplicate key '{key}'", problem_mark=mark)
         seen.add(key)
     return loader.construct_mapping(node)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def read_yaml(text: str, source: str) -> dict[str, Any]:
     """The mapping a config file holds, or a ConfigError saying where it is not one."""
+    if len(text.encode()) > MAX_BYTES:
+        raise ConfigError(source, [f"the file is over {MAX_BYTES >> 20} MiB; a config is a page"])
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

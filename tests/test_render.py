@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from generator import config, output, render
 
@@ -302,3 +304,36 @@ def test_compose_lint_finds_nothing_that_is_not_justified(name: str, tmp_path: P
         check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=st.lists(
+        st.text(
+            st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_any_accepted_value_renders_a_file_compose_reads_back_exactly(
+    values: list[str], tmp_path: Path
+) -> None:
+    """Every string the schema accepts for env and args, through the renderer and `docker compose
+    config`, comes back as written (`$` doubled: Compose's own escape)."""
+    text = (CASES / "native.yaml").read_text()
+    cluster = config.parse(text)
+    cluster = cluster.model_copy(
+        update={
+            "env": {f"V{i}": v for i, v in enumerate(values)},
+            "vllm": cluster.vllm.model_copy(update={"args": values}),
+        }
+    )
+    folder = tmp_path / str(abs(hash(tuple(values))))
+    output.apply(output.plan(render.render(cluster, "native.yaml"), folder))
+    service = compose_config(folder / "spark-1")["services"]["serve"]
+    escaped = [v.replace("$", "$$") for v in values]
+    assert [service["environment"][f"V{i}"] for i in range(len(values))] == escaped
+    assert service["command"][-len(values) :] == escaped
