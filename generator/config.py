@@ -170,26 +170,28 @@ class Ray(Strict):
     )
 
 
-SECRET_FILE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+SECRET_FILE = r"^[^\x00-\x1f]{1,4096}$"
 
 
 class Secrets(Strict):
     api_key_file: str | None = Field(
         default=None,
         pattern=SECRET_FILE,
-        description="File beside the config holding the API key clients must send (default: "
-        "CONFIG-STEM.api-key, generated with mode 0600 when missing).",
+        description="File holding the API key clients must send, relative to the config or "
+        "absolute (default: CONFIG-STEM.api-key, generated with mode 0600 when missing).",
     )
     hf_token_file: str | None = Field(
         default=None,
         pattern=SECRET_FILE,
-        description="File beside the config holding a Hugging Face token (default: none).",
+        description="File holding a Hugging Face token, relative to the config or absolute "
+        "(default: none).",
     )
     ray_token_file: str | None = Field(
         default=None,
         pattern=SECRET_FILE,
-        description="File beside the config holding the token Ray's nodes authenticate with "
-        "(backend ray; default: CONFIG-STEM.ray-token, generated with mode 0600 when missing).",
+        description="File holding the token Ray's nodes authenticate with, relative to the "
+        "config or absolute (backend ray; default: CONFIG-STEM.ray-token, generated with mode "
+        "0600 when missing).",
     )
 
 
@@ -274,7 +276,7 @@ _PATTERN_HINTS = {
     ENV_KEY: "a variable name has letters, digits and '_', not starting with a digit",
     IMAGE: "expected an image reference like registry/name:tag or name@sha256:<digest>",
     ABS_PATH: "expected an absolute path without ':' or control characters",
-    SECRET_FILE: "a file name beside the config: letters, digits, '_', '.', '-', no '/'",
+    SECRET_FILE: "a file's path, relative to the config or absolute, without control characters",
 }
 
 

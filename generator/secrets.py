@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets as random_secrets
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,45 +29,87 @@ class Local:
 
 
 def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
-    """The secret files beside the config. The API key (and Ray's token, with the Ray backend)
-    default to CONFIG-STEM.api-key (.ray-token), generated (mode 0600) when missing, unless
-    `generate` is False (a dry run): then they are listed as missing."""
+    """The secret files the config names (relative to it, or absolute). The API key (and Ray's
+    token, with the Ray backend) default to CONFIG-STEM.api-key (.ray-token) beside the config,
+    generated (mode 0600) when missing, unless `generate` is False (a dry run): then they are
+    listed as missing."""
     folder = config.resolve().parent
-    files: dict[str, Path] = {}
-    generated: dict[str, Path] = {}
-    missing: dict[str, Path] = {}
-    made = {"api_key": cluster.secrets.api_key_file}
-    if "ray_token" in secret_names(cluster):
-        made["ray_token"] = cluster.secrets.ray_token_file
-    for name, named in made.items():
-        path = folder / (named or f"{config.stem}.{SECRET_NAMES[name]}")
-        if not path.exists():
-            if named:
-                raise VllmComposeError(
-                    f"secrets.{name}_file: {path} does not exist",
-                    "write it there (one line), or drop the setting to have one generated",
-                )
-            if not generate:
-                missing[name] = path
-                continue
-            # O_EXCL: never overwrites; 0600 from the first byte.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(random_secrets.token_urlsafe(32))  # no newline: read as is
-            generated[name] = path
-        files[name] = path
-    if cluster.secrets.hf_token_file:
-        token = folder / cluster.secrets.hf_token_file
-        if not token.exists():
-            raise VllmComposeError(f"secrets.hf_token_file: {token} does not exist")
-        files["hf_token"] = token
-    for path in files.values():
-        if path.stat().st_mode & 0o077:
+    found = Local({}, {}, {})
+    named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
+    named["ray_token"] = cluster.secrets.ray_token_file
+    for name in secret_names(cluster):
+        given = named[name]
+        path = folder / Path(given).expanduser() if given else folder / _default(config, name)
+        if path.exists():
+            found.files[name] = path
+        elif given or name == "hf_token":
             raise VllmComposeError(
-                f"{path} can be read by other users (mode {path.stat().st_mode & 0o777:o})",
-                f"chmod 600 {path}",
+                f"secrets.{name}_file: {path} does not exist",
+                "write it there (one line), or drop the setting to have one generated",
             )
-    return Local(files, generated, missing)
+        elif generate:
+            found.files[name] = found.generated[name] = _generate(path)
+        else:
+            found.missing[name] = path
+    for name, path in found.files.items():
+        _usable(name, path)
+    return found
+
+
+def _default(config: Path, name: str) -> str:
+    return f"{config.stem}.{SECRET_NAMES[name]}"
+
+
+def _generate(path: Path) -> Path:
+    # O_EXCL: never overwrites; 0600 from the first byte.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(random_secrets.token_urlsafe(32))  # no newline: read as is
+    return path
+
+
+def _usable(name: str, path: Path) -> None:
+    """Readable by its owner alone, and not empty: an empty API key turns authentication off."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise VllmComposeError(
+            f"{path} can be read by other users (mode {mode:o})", f"chmod 600 {path}"
+        )
+    if not path.read_text(encoding="utf-8").strip():
+        what = (
+            "serving would take requests from anyone" if name == "api_key" else "it holds nothing"
+        )
+        raise VllmComposeError(
+            f"secrets.{name}_file: {path} is empty: {what}", f"write it into {path}"
+        )
+
+
+def unignored(paths: list[Path]) -> list[Path]:
+    """Those of `paths` inside a git work tree that git does not ignore (could be committed)."""
+    found = []
+    for path in paths:
+        inside = subprocess.run(
+            ["git", "-C", str(path.parent), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if inside.stdout.strip() != "true":
+            continue
+        ignored = subprocess.run(
+            ["git", "-C", str(path.parent), "check-ignore", "-q", path.name], check=False
+        )
+        if ignored.returncode != 0:
+            found.append(path)
+    return found
+
+
+def ignore(paths: list[Path]) -> Path | None:
+    """Add each file's name to the .gitignore beside it (created if there is none)."""
+    for path in paths:
+        gitignore = path.parent / ".gitignore"
+        old = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+        lead = "" if not old or old.endswith("\n") else "\n"
+        gitignore.write_text(f"{old}{lead}{path.name}\n", encoding="utf-8")
+    return paths[0].parent / ".gitignore" if paths else None
 
 
 def push(

@@ -41,3 +41,44 @@ def test_a_named_file_that_is_missing_or_readable_by_others_is_refused(tmp_path:
     (tmp_path / "token").chmod(0o644)
     with pytest.raises(VllmComposeError, match="can be read by other users"):
         secrets.local(tmp_path / "c.yaml", named)
+
+
+def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "api").write_text("k" * 40)
+    (tmp_path / "elsewhere").write_text("t" * 40)
+    for file in ("keys/api", "elsewhere"):
+        (tmp_path / file).chmod(0o600)
+    named = config.parse(
+        BASE + f"secrets: {{api_key_file: ./keys/api, ray_token_file: {tmp_path}/elsewhere}}\n"
+    )
+    found = secrets.local(tmp_path / "c.yaml", named)
+    assert found.files == {"api_key": tmp_path / "keys/api", "ray_token": tmp_path / "elsewhere"}
+    assert found.generated == {}
+
+
+def test_an_empty_api_key_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "c.api-key").write_text(" \n")
+    (tmp_path / "c.api-key").chmod(0o600)
+    with pytest.raises(VllmComposeError) as refused:
+        secrets.local(tmp_path / "c.yaml", config.parse(BASE))
+    assert refused.value.message == (
+        f"secrets.api_key_file: {tmp_path}/c.api-key is empty: serving would take requests from"
+        " anyone"
+    )
+
+
+def test_generated_files_git_would_commit_are_added_to_the_gitignore_beside_them(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    found = secrets.local(tmp_path / "c.yaml", config.parse(BASE))
+    generated = sorted(found.generated.values())
+    assert secrets.unignored(generated) == generated
+    assert secrets.ignore(generated) == tmp_path / ".gitignore"
+    assert (tmp_path / ".gitignore").read_text() == "c.api-key\nc.ray-token\n"
+    assert secrets.unignored(generated) == []

@@ -95,6 +95,9 @@ def generated(found: secrets.Local) -> None:
             f"ray token: generated {found.generated['ray_token']} (mode 0600); Ray's nodes"
             " authenticate with it"
         )
+    listed = secrets.ignore(secrets.unignored(list(found.generated.values())))
+    if listed:
+        err.print(f"note: added the generated secret files to {listed}: never commit them")
 
 
 def change_line(change: output.Change, dry_run: bool) -> str:
