@@ -38,6 +38,7 @@ class Facts(BaseModel):
     versions: dict[str, str | None]
     ray_on_path: bool
     model: dict[str, int] | None  # relative path -> size; -1 for a dangling symlink
+    unreachable_links: dict[str, str] = {}  # relative path -> the target the container cannot see
     shm_bytes: int
     memlock: int  # -1: unlimited
     memory_monitor: str | None
@@ -180,8 +181,7 @@ def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
         return failed("model", node.name, f"{path} is empty", "copy the model to every node")
     broken = sorted(name for name, size in files.items() if size < 0)
     if broken:
-        cause = f"{path}: dangling symlinks: {', '.join(broken[:3])}"
-        return failed("model", node.name, cause, "copy real files, not a cache's symlinks")
+        return _unreachable(path, node, broken, f.unreachable_links)
     if head is not None and node != c.head and head.model:
         found = differences(head.model, files).labelled(
             "missing", "not on the head", "size differs"
@@ -195,6 +195,19 @@ def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
             return failed("model", node.name, cause, "copy the model from the head again")
     total = sum(files.values())
     return passed("model", node.name, f"{path}: {len(files)} files, {total / 1e9:.2f} GB")
+
+
+def _unreachable(path: str, node: Node, broken: list[str], links: dict[str, str]) -> Check:
+    """Symlinks the container cannot follow: what an HF download with --local-dir left behind
+    (its files link into a cache outside the model folder, which the stack does not mount)."""
+    first = broken[0]
+    if first in links:
+        cause = f"{path}: {first} links to {links[first]}, which the containers cannot see"
+        cause += f" ({len(broken)} such files)" if len(broken) > 1 else ""
+    else:
+        cause = f"{path}: dangling symlinks: {', '.join(broken[:3])}"
+    hint = f"copy real files into {path} (cp -rL), or sync-model from a node that has them"
+    return failed("model", node.name, cause, hint)
 
 
 def _shm(node: Node, f: Facts) -> Check:

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from generator import __version__, probes
+from generator import __version__, probes, validation
 from generator.config import Cluster
-from generator.errors import DriftError, VllmComposeError
+from generator.errors import ConfigError, DriftError
 from generator.fleet import Fleet
 from generator.manifest import differences
 from generator.output import write_atomic
@@ -62,12 +62,13 @@ def read(config: Path) -> Lock | None:
     if not path.exists():
         return None
     try:
-        return Lock.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, ValidationError) as e:
-        first = str(e).splitlines()[0]
-        raise VllmComposeError(
-            f"{path}: unreadable lock: {first}", "delete it and lock again"
-        ) from e
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(str(path), [f"not a readable lock: {e}"]) from None
+    try:
+        return Lock.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(str(path), validation.problems(e, Lock, {})) from None
 
 
 def make(

@@ -80,6 +80,8 @@ def problems(error: ValidationError, root: type[BaseModel], hints: dict[str, str
         where = ".".join(str(part) for part in err["loc"])
         if err["type"] == "value_error" and not where:
             lines += str(err["ctx"]["error"]).splitlines()
+        elif not where:
+            lines.append("the file must hold a mapping of the fields below its top level")
         elif err["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key{_known_keys(root, err['loc'])}")
         else:

@@ -103,6 +103,18 @@ def model_files(path: str) -> dict[str, int] | None:
     return files
 
 
+def unreachable_links(path: str) -> dict[str, str]:
+    """Relative path -> target of every symlink under `path` whose target this container cannot
+    see (outside the mounted folder, or gone)."""
+    links: dict[str, str] = {}
+    for root, _, names in os.walk(path, followlinks=True):
+        for name in names:
+            full = os.path.join(root, name)
+            if os.path.islink(full) and not os.path.exists(full):
+                links[os.path.relpath(full, path)] = os.readlink(full)
+    return links
+
+
 def version(dist: str) -> str | None:
     for name in (dist, f"{dist}-cpu"):
         try:
@@ -159,6 +171,7 @@ def facts(args: argparse.Namespace) -> None:
         },
         "ray_on_path": shutil.which("ray") is not None,
         "model": model_files(args.model) if args.model else None,
+        "unreachable_links": unreachable_links(args.model) if args.model else {},
         "shm_bytes": shm.f_blocks * shm.f_frsize if shm else 0,
         "memlock": -1 if soft == resource.RLIM_INFINITY else soft,
         # Ray's own spelling of the variable.

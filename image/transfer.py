@@ -50,7 +50,13 @@ def manifest(args: argparse.Namespace) -> str | None:
         return f"{root} does not exist"
     broken = [name for name, size in files.items() if size < 0]
     if broken:
-        return f"{root}: dangling symlinks: {', '.join(sorted(broken)[:3])}"
+        first = sorted(broken)[0]
+        target = os.readlink(os.path.join(root, first))
+        return (
+            f"{root}: {first} links to {target}, which the containers cannot see"
+            f" ({len(broken)} such files); copy real files: cp -rL (or sync-model from a node"
+            " that has them)"
+        )
     parent = os.path.dirname(os.path.normpath(root))
     revision = os.path.basename(os.path.normpath(root)) if parent.endswith("/snapshots") else None
     print(

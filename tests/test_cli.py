@@ -108,3 +108,10 @@ def test_readme_config_reference_is_the_generated_one() -> None:
     assert run("schema", "--markdown").stdout in readme, (
         "regenerate: vllm-compose schema --markdown"
     )
+
+
+def test_a_path_with_brackets_is_printed_as_written_never_read_as_markup(tmp_path: Path) -> None:
+    config = case("sample.yaml", tmp_path)
+    result = run("render", str(config), "-o", "out[/]x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "   create  out[/]x/spark-1/compose.yaml" in result.stdout.splitlines()

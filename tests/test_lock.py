@@ -174,3 +174,39 @@ def test_names_that_leave_the_model_folder_are_refused(
     )
     assert result.returncode != 0
     assert "refusing path '../../etc/passwd'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1, 2]\n", ["the file must hold a mapping of the fields below its top level"]),
+        (
+            '{"config_hash": "x"}\n',
+            [
+                "tool: Field required",
+                "image: Field required",
+                "wrapper: Field required",
+                "versions: Field required",
+                "model: Field required",
+            ],
+        ),
+        (
+            "{\n",
+            [
+                "not a readable lock: Expecting property name enclosed in double quotes: line 2 column 1 (char 2)"
+            ],
+        ),
+    ],
+)
+def test_a_lock_of_the_wrong_shape_is_refused_naming_the_field_and_nothing_is_written(
+    text: str, expected: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "c.yaml").write_text((CASES / "sample.yaml").read_text())
+    (tmp_path / "c.lock.json").write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "generator", "render", "c.yaml"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["c.lock.json is invalid:", *(f"  {e}" for e in expected)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.lock.json", "c.yaml"]

@@ -95,6 +95,10 @@ def test_a_healthy_pair_passes_every_check() -> None:
          "size differs: model-00001.safetensors"),
         ("spark-2", {"model": {"config.json": 700, "model-00001.safetensors": -1}},
          "model spark-2: /models/Qwen3.5-122B-A10B-FP8: dangling symlinks: model-00001.safetensors"),
+        ("spark-2", {"model": {"config.json": 700, "model-00001.safetensors": -1},
+                     "unreachable_links": {"model-00001.safetensors": "/hf/blobs/ab12"}},
+         "model spark-2: /models/Qwen3.5-122B-A10B-FP8: model-00001.safetensors links to"
+         " /hf/blobs/ab12, which the containers cannot see"),
         ("spark-1", {"shm_bytes": 64 << 20},
          "shm spark-1: /dev/shm is 64 MiB in the container, at least 1024 MiB needed"),
         ("spark-2", {"memory_monitor": None},
