@@ -10,8 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from generator import stamps
 from generator.config import MEMORY_MONITOR, Cluster, Node
 from generator.manifest import differences
+from generator.stamps import Recorded
 
 Status = Literal["pass", "fail", "skip"]
 SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
@@ -39,6 +41,7 @@ class Facts(BaseModel):
     ray_on_path: bool
     model: dict[str, int] | None  # relative path -> size; -1 for a dangling symlink
     unreachable_links: dict[str, str] = {}  # relative path -> the target the container cannot see
+    model_mtimes: dict[str, int] = {}  # relative path -> mtime (ns)
     shm_bytes: int
     memlock: int  # -1: unlimited
     memory_monitor: str | None
@@ -77,10 +80,11 @@ def evaluate(
     facts: dict[str, Facts],
     bases: dict[str, str | None],
     serving: bool = False,
+    stamped: stamps.Stamps | None = None,
 ) -> list[Check]:
     """Every check for the nodes that answered. `bases`: node -> its base image ID (None when
     the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
-    running on the head (so the API port is taken by it)."""
+    running on the head (so the API port is taken by it). `stamped`: what verify recorded."""
     nodes = [n for n in cluster.nodes if n.name in facts]
     checks = [_config(cluster), _images(cluster, bases)]
     # Check by check, not node by node: a cause (an interface down) is listed before what it
@@ -90,7 +94,8 @@ def evaluate(
     checks += [_ray(cluster, n, facts[n.name]) for n in nodes]
     checks.append(_versions(nodes, facts))
     head = facts.get(cluster.head.name)
-    checks += [_model(cluster, n, facts[n.name], head) for n in nodes]
+    recorded = stamped.nodes if stamped else {}
+    checks += [_model(cluster, n, facts[n.name], head, recorded.get(n.name)) for n in nodes]
     checks += [_shm(n, facts[n.name]) for n in nodes]
     checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
     checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
@@ -173,7 +178,7 @@ def _release(version: str | None) -> tuple[int, int]:
         return 0, 0
 
 
-def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
+def _model(c: Cluster, node: Node, f: Facts, head: Facts | None, was: Recorded | None) -> Check:
     path, files = c.model.path, f.model
     if files is None:
         return failed("model", node.name, f"{path} is missing", "copy the model to every node")
@@ -193,6 +198,8 @@ def _model(c: Cluster, node: Node, f: Facts, head: Facts | None) -> Check:
         if problems:
             cause = f"{path} differs from {c.head.name}'s: {'; '.join(problems)}"
             return failed("model", node.name, cause, "copy the model from the head again")
+    if was and (changed := stamps.changed(path, was, files, f.model_mtimes)):
+        return failed("model", node.name, changed, stamps.HINT)
     total = sum(files.values())
     return passed("model", node.name, f"{path}: {len(files)} files, {total / 1e9:.2f} GB")
 
@@ -243,20 +250,19 @@ def _hardware(c: Cluster, node: Node, f: Facts) -> list[Check]:
         why = "accelerator none: no GPUs or RDMA expected"
         return [skipped("rdma", node.name, why), skipped("gpus", node.name, why)]
     checks = []
-    ports = f.rdma
-    if not ports and c.settings.devices:
+    if not f.rdma and c.settings.devices:
         cause = f"profile {c.profile} needs RDMA and the node has no RDMA device"
         hint = "ibdev2netdev on the node (the ConnectX driver), or profile: generic for TCP"
         checks.append(failed("rdma", node.name, cause, hint))
-    elif not ports:
+    elif not f.rdma:
         checks.append(skipped("rdma", node.name, "no RDMA devices: NCCL uses TCP sockets"))
     else:
-        down = sorted(p for p, state in ports.items() if state != "ACTIVE")
+        down = sorted(p for p, state in f.rdma.items() if state != "ACTIVE")
         if down:
             cause = f"RDMA ports not active: {', '.join(down)}"
             checks.append(failed("rdma", node.name, cause, "check the cable and ibdev2netdev"))
         else:
-            checks.append(passed("rdma", node.name, f"{len(ports)} RDMA ports active"))
+            checks.append(passed("rdma", node.name, f"{len(f.rdma)} RDMA ports active"))
     if f.gpus is None:
         cause, hint = "no nvidia-smi in the container", "the NVIDIA container runtime"
         checks.append(failed("gpus", node.name, cause, hint))

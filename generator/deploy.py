@@ -22,6 +22,7 @@ from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
 from generator.fleet import DOWN_TIMEOUT, Fleet
+from generator.stamps import Stamps
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Deployment:
     lock_file: Path = Path("cluster.lock.json")
     accept_drift: bool = False  # just re-locked: nodes holding another image get the locked one
     logs: Path = Path("vllm-compose-logs")  # where a failed group's logs are saved (evidence.py)
+    stamped: Stamps | None = None  # the model files as verify last found them (stamps.py)
     timeouts: Timeouts = Timeouts()
 
     def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
@@ -105,7 +107,7 @@ class Deployment:
         parallel("secrets", {n.name: stale(n) for n in nodes}, DOWN_TIMEOUT, self.fleet.report)
 
     def _preflight(self) -> None:
-        preflight.must_pass(self.fleet, self.locked, self.lock_file)
+        preflight.must_pass(self.fleet, self.locked, self.lock_file, self.stamped)
 
     def _start(self, result: Result) -> None:
         c = self.fleet.cluster

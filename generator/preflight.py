@@ -18,14 +18,16 @@ from generator.config import Node
 from generator.errors import DockerError, DriftError, PreflightError, reason
 from generator.fanout import each
 from generator.fleet import Fleet
+from generator.stamps import Stamps
 
 REACH_SECONDS = 6  # how long each node keeps trying to reach its peers
 RUN_TIMEOUT = 60  # a facts container that has not answered by then is a failure
 
 
-def run(fleet: Fleet) -> tuple[list[Check], float]:
+def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float]:
     """Every check, on every node whose context answers; and how long they took. Writes the
-    secret files onto the nodes first: Compose creates no container whose secret is missing."""
+    secret files onto the nodes first: Compose creates no container whose secret is missing.
+    `stamped`: the model files as verify last found them (generator/stamps.py)."""
     start = time.monotonic()
     found = contexts(fleet)
     alive = {c.node for c in found if c.status == "pass"}
@@ -35,18 +37,20 @@ def run(fleet: Fleet) -> tuple[list[Check], float]:
         fleet.push_secrets(live)
     more, facts = gather(fleet, live)
     bases = fleet.image_ids(fleet.cluster.image, live)
-    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet))
+    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped)
     return found, time.monotonic() - start
 
 
-def must_pass(fleet: Fleet, locked: lock.Lock | None, lock_file: Path) -> None:
+def must_pass(
+    fleet: Fleet, locked: lock.Lock | None, lock_file: Path, stamped: Stamps | None = None
+) -> None:
     """Within up: the contexts answered and the image is everywhere; the rest must pass, and
     with a lock every node's model must match it."""
     start = time.monotonic()
     nodes = fleet.cluster.nodes
     found, facts = gather(fleet, nodes)
     bases = fleet.image_ids(fleet.cluster.image, nodes)
-    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet))
+    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped)
     failures = [c.line() for c in found if c.status == "fail"]
     if failures:
         raise PreflightError(failures, time.monotonic() - start)

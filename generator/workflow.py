@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from generator import config, lock, output, render, secrets
+from generator import config, lock, output, render, secrets, stamps
 from generator.deploy import Deployment, Timeouts
 from generator.errors import DriftError
 from generator.fanout import Report
@@ -105,7 +105,8 @@ def opened(
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {})
         logs = path.with_name(f"{path.stem}.logs")
+        stamped = stamps.read(path, cluster.model.path)
         deployment = Deployment(
-            fleet, locked, lock.path_for(path), update_lock, logs, timeouts or Timeouts()
+            fleet, locked, lock.path_for(path), update_lock, logs, stamped, timeouts or Timeouts()
         )
         yield Opened(cluster, locked, found, rendered, deployment)

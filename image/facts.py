@@ -5,6 +5,7 @@ monitor setting, RDMA ports and GPUs (the JSON generator/checks.py reads as `Fac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -103,6 +104,18 @@ def model_files(path: str) -> dict[str, int] | None:
     return files
 
 
+def model_mtimes(path: str) -> dict[str, int]:
+    """Relative path -> mtime (ns) of every file under path (symlinks followed): with the sizes,
+    what `verify` recorded when it last hashed them (generator/stamps.py)."""
+    found: dict[str, int] = {}
+    for root, _, names in os.walk(path, followlinks=True):
+        for name in names:
+            full = os.path.join(root, name)
+            with contextlib.suppress(OSError):  # a dangling symlink: model_files names it
+                found[os.path.relpath(full, path)] = os.stat(full).st_mtime_ns
+    return found
+
+
 def unreachable_links(path: str) -> dict[str, str]:
     """Relative path -> target of every symlink under `path` whose target this container cannot
     see (outside the mounted folder, or gone)."""
@@ -172,6 +185,7 @@ def facts(args: argparse.Namespace) -> None:
         "ray_on_path": shutil.which("ray") is not None,
         "model": model_files(args.model) if args.model else None,
         "unreachable_links": unreachable_links(args.model) if args.model else {},
+        "model_mtimes": model_mtimes(args.model) if args.model else {},
         "shm_bytes": shm.f_blocks * shm.f_frsize if shm else 0,
         "memlock": -1 if soft == resource.RLIM_INFINITY else soft,
         # Ray's own spelling of the variable.

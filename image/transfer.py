@@ -35,6 +35,12 @@ def connect(
 CHUNK = 1 << 20
 
 
+def _hashed(path: str) -> dict[str, Any]:
+    """Size, sha256 and mtime (ns, read before hashing: a change during the hash shows later)."""
+    seen = os.stat(path)
+    return {"size": seen.st_size, "sha256": sha256_of(path), "mtime_ns": seen.st_mtime_ns}
+
+
 def sha256_of(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -63,10 +69,7 @@ def manifest(args: argparse.Namespace) -> str | None:
         json.dumps(
             {
                 "revision": revision,
-                "files": {
-                    name: {"size": files[name], "sha256": sha256_of(os.path.join(root, name))}
-                    for name in sorted(files)
-                },
+                "files": {name: _hashed(os.path.join(root, name)) for name in sorted(files)},
             },
             sort_keys=True,
         )

@@ -154,3 +154,33 @@ def test_an_hf_cache_snapshot_arrives_on_the_worker_as_real_files(pair: Pair) ->
     finally:
         bed.remove_path(head, "hub")
         bed.remove_path(worker, "hub")
+
+
+def test_a_byte_flipped_after_verify_is_named_by_preflight_and_by_verify(pair: Pair) -> None:
+    """One byte rewritten in place on the worker, same size: preflight names the file from its
+    size and mtime as verify recorded them (no hashing), verify from its hash; after sync-model
+    verify stamps it again and preflight passes."""
+    bed, tmp = pair
+    worker = bed.nodes[1]
+    config = write(tmp, bed)
+    ok(cli("lock", config, cwd=tmp))
+    verified = ok(cli("verify", config, cwd=tmp))
+    assert "verify: 2 files on each of 2 nodes match the lock" in verified
+    assert (tmp / "c.model-stamps.json").exists()
+    assert ok(cli("preflight", config, cwd=tmp))
+
+    with (Path(worker.models) / "standin-model/weights.bin").open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\x01")
+    flagged = cli("preflight", config, cwd=tmp)
+    assert flagged.returncode == 1
+    changed = "weights.bin changed since verify hashed it (size or mtime)"
+    assert f"spark2       {clusters.STANDIN_MODEL}: {changed}" in flagged.stdout
+    named = cli("verify", config, cwd=tmp)
+    assert named.returncode == 1
+    assert "verify: 1 mismatch" in named.stderr
+    assert "  spark2: weights.bin: sha256 differs from the lock" in named.stderr.splitlines()
+
+    ok(cli("sync-model", config, cwd=tmp))
+    ok(cli("verify", config, cwd=tmp))
+    ok(cli("preflight", config, cwd=tmp))

@@ -121,7 +121,8 @@ def preflight(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = Fals
     """Check every node before starting: contexts, interface and IP, reach between every pair,
     one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
     Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
-    checks, seconds = preflight_checks.run(open_config(path, outdir, with_secrets=True).fleet)
+    opened = open_config(path, outdir, with_secrets=True)
+    checks, seconds = preflight_checks.run(opened.fleet, opened.deployment.stamped)
     failures = [c for c in checks if c.status == "fail"]
     if as_json:
         out.print(checking.as_json(checks))

@@ -1,5 +1,5 @@
 """Commands that work on the config and the files: validate, render, lock, secrets, sync-model,
-schema, version."""
+verify, schema, version."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from generator import __version__, config, lock, reference, secrets, sync, units, workflow
+from generator import (
+    __version__,
+    config,
+    lock,
+    reference,
+    secrets,
+    stamps,
+    sync,
+    units,
+    verify,
+    workflow,
+)
 from generator.cli.app import (
     ConfigArg,
     OutdirOpt,
@@ -20,7 +31,7 @@ from generator.cli.app import (
     out,
     progress,
 )
-from generator.errors import VllmComposeError
+from generator.errors import ListedError, VllmComposeError
 from generator.output import apply
 
 
@@ -124,6 +135,25 @@ def sync_model(
             f"sync-model: {len(failed)} of {len(outcomes)} nodes do not hold the model",
             "run sync-model again: files already correct are kept",
         )
+
+
+@app.command("verify")
+def verify_model(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Hash every model file on every node (all at once, with progress) and compare them with the
+    lock, or with the head's files without one; name each mismatch. Nodes found right are
+    stamped (CONFIG.model-stamps.json): preflight then names a file changed since, unhashed."""
+    opened = open_config(path, outdir, strict=True)  # its containers need no secret
+    problems, files = verify.verify(opened.fleet, opened.locked, path)
+    if problems:
+        raise ListedError(
+            f"verify: {len(problems)} mismatch{'es' if len(problems) != 1 else ''}",
+            problems,
+            "sync-model CONFIG copies them again (from the head, or --from NODE)",
+        )
+    against = "the lock" if opened.locked else f"{opened.cluster.head.name}'s files"
+    nodes = len(opened.cluster.nodes)
+    out.print(f"verify: {files} files on each of {nodes} nodes match {against}")
+    out.print(f"stamped: {stamps.path_for(path)}")
 
 
 @app.command()
