@@ -19,6 +19,11 @@ def serve(port: int, model: str, timeout: float | None = None) -> list[str]:
     return [*cmd, "--timeout", f"{timeout:g}"] if timeout is not None else cmd
 
 
+def metrics(port: int) -> list[str]:
+    """vLLM's load as JSON: requests running and waiting, generated tokens so far."""
+    return [HEALTH, "metrics", "--port", str(port)]
+
+
 def nodes(gcs: str) -> list[str]:
     return [HEALTH, "nodes", "--address", gcs]
 

@@ -5,6 +5,7 @@ will; and when not, why, read from the failing service's health output and log."
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ PROBE_EVERY = 15  # seconds between probes until the log says the server started
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 STATE_TIMEOUT = 30  # a canary that has not come back by its deadline plus this has failed
+PROGRESS_SECONDS = 2  # between the two looks at vLLM's /metrics after a late canary
 
 
 def failure(
@@ -166,14 +168,36 @@ def _read_a_second(watched: Watched, lines: queue.Queue[str | None] | None) -> N
 
 
 def canary(fleet: Fleet, deadline: float) -> list[str]:
-    """One real completion inside serve, as its healthcheck sends, within `deadline`."""
+    """One real completion inside serve, as its healthcheck sends, within `deadline`. Late while
+    vLLM is making progress (requests running, tokens rising) is busy, not broken: said, and no
+    problem."""
     head, c = fleet.head, fleet.cluster
     probe = probes.serve(c.vllm.port, c.served_model_name, deadline)
     run = lambda: fleet.execute(head, "serve", probe)  # noqa: E731
     outcome = each({head.name: run}, deadline + STATE_TIMEOUT)[head.name]
-    if isinstance(outcome, BaseException):
-        return [f"{head.name}: canary: {reason(outcome).removeprefix(f'{probes.HEALTH}: ')}"]
-    return []
+    if not isinstance(outcome, BaseException):
+        return []
+    if busy := progress(fleet):
+        fleet.report(f"watch: busy, not broken: the canary took over {deadline:g} s; {busy}")
+        return []
+    return [f"{head.name}: canary: {reason(outcome).removeprefix(f'{probes.HEALTH}: ')}"]
+
+
+def progress(fleet: Fleet) -> str | None:
+    """What vLLM's /metrics show when it is making progress: requests running and generated
+    tokens rising over PROGRESS_SECONDS. None when it is not (or cannot say)."""
+    probe = probes.metrics(fleet.cluster.vllm.port)
+    try:
+        first = json.loads(fleet.execute(fleet.head, "serve", probe))
+        time.sleep(PROGRESS_SECONDS)
+        then = json.loads(fleet.execute(fleet.head, "serve", probe))
+        gained = then["tokens"] - first["tokens"]
+        running, waiting = then["running"], then["waiting"]
+    except (DockerException, ValueError, KeyError, TypeError):
+        return None
+    if running <= 0 or gained <= 0:
+        return None
+    return f"{running:g} running, {waiting:g} waiting, +{gained:g} tokens in {PROGRESS_SECONDS:g} s"
 
 
 def placement_cause(fleet: Fleet) -> str | None:

@@ -9,6 +9,8 @@ nodes --address HOST:PORT
     prints the alive Ray nodes as JSON: {"IP": GPUs}
 slots --address HOST:PORT
     prints every alive Ray node's GPU slots as JSON: {"IP": {"gpus": total, "free": free now}}
+metrics --port P
+    prints vLLM's load from its /metrics as JSON: {"running": n, "waiting": n, "tokens": total}
 wait-for HOST:PORT --seconds S
     waits until a TCP connection to HOST:PORT succeeds
 facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--model PATH]
@@ -46,7 +48,7 @@ from transfer import connect, manifest, receive, send  # noqa: E402
 
 API_KEY = "/run/secrets/api_key"
 # Commands that print their result (JSON or a stream) instead of "<command> ok".
-QUIET = ("nodes", "slots", "facts", "manifest", "send", "receive")
+QUIET = ("nodes", "slots", "metrics", "facts", "manifest", "send", "receive")
 
 
 def check_serve(args: argparse.Namespace) -> str | None:
@@ -74,6 +76,31 @@ def wait_for(args: argparse.Namespace) -> str | None:
     return None
 
 
+# vLLM's Prometheus names (summed over their labels) -> our JSON keys.
+LOAD = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:generation_tokens_total": "tokens",
+}
+
+
+def print_load(args: argparse.Namespace) -> str | None:
+    """What vLLM is doing now, from its /metrics (no API key: vLLM serves it without one)."""
+    url = f"http://127.0.0.1:{args.port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError) as e:
+        return f"{url} failed: {e}"
+    found = dict.fromkeys(LOAD.values(), 0.0)
+    for line in text.splitlines():
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        if name in LOAD:
+            found[LOAD[name]] += float(rest.rsplit(" ", 1)[-1])
+    print(json.dumps(found, sort_keys=True))
+    return None
+
+
 def parser() -> argparse.ArgumentParser:
     found = argparse.ArgumentParser(prog="vllm-compose-health")
     sub = found.add_subparsers(dest="check", required=True)
@@ -87,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=30)
     for name in ("nodes", "slots"):
         sub.add_parser(name).add_argument("--address", required=True)
+    sub.add_parser("metrics").add_argument("--port", type=int, required=True)
     wait = sub.add_parser("wait-for")
     wait.add_argument("target")
     wait.add_argument("--seconds", type=float, default=300)
@@ -117,6 +145,7 @@ CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
     "nodes": print_nodes,
     "slots": print_slots,
     "serve": check_serve,
+    "metrics": print_load,
     "wait-for": wait_for,
     "facts": lambda args: facts(args),  # prints; never fails
     "manifest": manifest,

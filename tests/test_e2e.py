@@ -5,10 +5,13 @@ TEST-ONLY platform plugin names a Ray resource for the CPU platform, tests/suppo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,6 +141,45 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
     assert stopped == 130, watcher.output
     assert watcher.lines[-1].endswith("watch: stopped; the group is left as it is")
     assert clusters.containers(head, project)[service].state.running  # left as it is
+
+
+def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pair: Pair) -> None:
+    """vLLM with two sequence slots and twelve long requests (bounded: 12 x 240 tokens, each at
+    most 120 s): the canary queues behind them and misses its 1 s deadline, but /metrics show
+    tokens rising, so watch says busy and recreates nothing; idle again, the canary answers."""
+    bed, tmp = pair
+    head = bed.nodes[0]
+    busy_vllm = VLLM.replace("--enforce-eager]", "--enforce-eager, --max-num-seqs, '2']")
+    path = config(tmp, bed, "busy", "native", busy_vllm)
+    assert cli("up", path, cwd=tmp).returncode == 0
+    before = clusters.containers(head, "busy")["serve"].id
+    watcher = clusters.Background("watch", path, "--interval", "1", "--deadline", "1", cwd=tmp)
+    load = [threading.Thread(target=long_request, args=(path,)) for _ in range(12)]
+    try:
+        watcher.wait_for("watch: ok", 120)
+        for thread in load:
+            thread.start()
+        busy = watcher.wait_for("watch: busy, not broken: the canary took over 1 s;", 120)
+        assert re.search(r"\d running, \d+ waiting, \+\d+ tokens in 2 s$", busy), busy
+        for thread in load:
+            thread.join(timeout=150)
+        watcher.wait_for("watch: ok", 60)  # idle: the canary answers within 1 s again
+    finally:
+        stopped = watcher.interrupt()
+    assert stopped == 130, watcher.output
+    assert not [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
+    assert clusters.containers(head, "busy")["serve"].id == before
+
+
+def long_request(path: Path) -> None:
+    """One completion of 240 tokens (EOS ignored), at most 120 s."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 240, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {clusters.api_key(path)}"}
+    headers["Content-Type"] = "application/json"
+    url = "http://192.168.200.12:30000/v1/completions"
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=120) as answer:
+        answer.read()
 
 
 def chat(node: Node, key: str) -> dict[str, Any]:

@@ -1,0 +1,64 @@
+"""watch's canary on its own, with a fake fleet (our logic alone; the real vLLM under load is in
+test_e2e.py): a late canary while vLLM makes progress is busy, not broken."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from python_on_whales import DockerException
+
+from generator import readiness
+from tests.test_preflight import SAMPLE
+
+
+class FakeFleet:
+    """A head whose canary never answers in time, and whose /metrics read as given in turn."""
+
+    def __init__(self, loads: list[dict[str, float]]) -> None:
+        self.cluster, self.head = SAMPLE, SAMPLE.head
+        self.loads: Iterator[dict[str, float]] = iter(loads)
+        self.reported: list[str] = []
+
+    def execute(self, node: Any, service: str, args: list[str]) -> str:
+        if args[1] == "serve":
+            raise DockerException(args, 1, stderr=b"vllm-compose-health: completion timed out")
+        return json.dumps(next(self.loads))
+
+    def report(self, line: str) -> None:
+        self.reported.append(line)
+
+
+@pytest.fixture(autouse=True)
+def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readiness, "PROGRESS_SECONDS", 0)
+
+
+def load(running: float, tokens: float, waiting: float = 0) -> dict[str, float]:
+    return {"running": running, "waiting": waiting, "tokens": tokens}
+
+
+def test_a_late_canary_while_tokens_rise_is_busy_not_a_problem() -> None:
+    fleet = FakeFleet([load(2, 100, 3), load(2, 160, 3)])
+    assert readiness.canary(fleet, 1) == []  # type: ignore[arg-type]
+    assert fleet.reported == [
+        "watch: busy, not broken: the canary took over 1 s; 2 running, 3 waiting, +60 tokens in 0 s"
+    ]
+
+
+@pytest.mark.parametrize(
+    "loads",
+    [
+        [load(0, 100), load(0, 100)],  # idle: nothing excuses the late canary
+        [load(2, 100), load(2, 100)],  # requests held but no token comes out: wedged
+        [load(0, 100), {"no": "keys"}],  # metrics that say nothing
+    ],
+)
+def test_a_late_canary_without_progress_is_a_problem(loads: list[dict[str, float]]) -> None:
+    fleet = FakeFleet(loads)
+    assert readiness.canary(fleet, 1) == [  # type: ignore[arg-type]
+        "spark-1: canary: completion timed out"
+    ]
+    assert fleet.reported == []
