@@ -232,9 +232,10 @@ class Fleet:
 
     # Ray, read from the head's GCS inside its Ray container
 
-    def ray_nodes(self) -> dict[str, float] | None:
-        """IP -> GPUs of every node alive in Ray; None when the GCS does not answer."""
-        found: dict[str, float] | None = self._ray_view(probes.nodes(self.gcs))
+    def ray_nodes(self, node: Node | None = None) -> dict[str, float] | None:
+        """IP -> GPUs of every node alive in Ray, as the head's GCS tells `node`'s Ray container
+        (default: the head's); None when it does not answer."""
+        found: dict[str, float] | None = self._ray_view(probes.nodes(self.gcs), node)
         return found
 
     def gpu_slots(self) -> dict[str, dict[str, float]] | None:
@@ -242,9 +243,9 @@ class Fleet:
         found: dict[str, dict[str, float]] | None = self._ray_view(probes.slots(self.gcs))
         return found
 
-    def _ray_view(self, probe: list[str]) -> Any:
+    def _ray_view(self, probe: list[str], node: Node | None = None) -> Any:
         try:
-            return json.loads(self.execute(self.head, "ray", probe) or "{}")
+            return json.loads(self.execute(node or self.head, "ray", probe) or "{}")
         except (DockerException, ValueError):
             return None
 

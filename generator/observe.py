@@ -17,6 +17,7 @@ from generator.fanout import each, pump
 from generator.fleet import Fleet
 
 STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
+NO_ENGINE = "engine does not answer"
 
 
 class ServiceRow(BaseModel):
@@ -88,6 +89,13 @@ def problems(fleet: Fleet, deadline: float) -> list[str]:
     of every node running, every node alive in Ray at its IP, and a real completion back from
     serve within `deadline` seconds."""
     found = _service_problems(fleet)
+    lost = [n for n in fleet.cluster.nodes if f"{n.name}: {NO_ENGINE}" in "\n".join(found)]
+    if lost and all(NO_ENGINE in line for line in found):
+        inside = _seen_inside(fleet, lost, deadline)
+        if inside:
+            names = ", ".join(n.name for n in lost)
+            fleet.report(f"watch: no path from here to {names}'s engine, but {inside}; kept")
+            return []
     if found:
         return found
     if fleet.cluster.backend == "ray":
@@ -102,6 +110,25 @@ def problems(fleet: Fleet, deadline: float) -> list[str]:
     return found + readiness.canary(fleet, deadline)
 
 
+def _seen_inside(fleet: Fleet, lost: list[Node], deadline: float) -> str | None:
+    """When this machine cannot reach some nodes' engines: whether the group itself still
+    serves, as the nodes it can reach see it: every node alive in Ray (backend ray, asked of a
+    reachable node's Ray container) and, when the head is reachable, a canary through it (a
+    completion needs every rank). None when that does not vouch for it."""
+    c, reachable = fleet.cluster, [n for n in fleet.cluster.nodes if n not in lost]
+    seen = []
+    if c.backend == "ray" and reachable:
+        alive = fleet.ray_nodes(reachable[0]) or {}
+        if not all(str(n.ip) in alive for n in c.nodes):
+            return None
+        seen.append(f"every node is alive in Ray as {reachable[0].name} sees it")
+    if fleet.head not in lost:
+        if readiness.canary(fleet, deadline):
+            return None
+        seen.append("the canary answered on the head")
+    return " and ".join(seen) or None
+
+
 def _service_problems(fleet: Fleet) -> list[str]:
     def states(node: Node) -> Callable[[], dict[str, ContainerState]]:
         return lambda: fleet.states(node)
@@ -109,7 +136,7 @@ def _service_problems(fleet: Fleet) -> list[str]:
     seen = each({n.name: states(n) for n in fleet.cluster.nodes}, STATE_TIMEOUT)
     # An engine that does not answer first: it explains what is missing elsewhere.
     found = [
-        f"{name}: engine does not answer: {reason(state)}"
+        f"{name}: {NO_ENGINE}: {reason(state)}"
         for name, state in seen.items()
         if isinstance(state, BaseException)
     ]

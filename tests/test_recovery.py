@@ -141,3 +141,31 @@ def test_ctrl_c_stops_watch_within_two_seconds_every_time(stack: Pair) -> None:
         assert took <= 2, f"after {pause} s: stopped in {took:.1f} s"
         assert "watch: stopped; the group is left as it is" in watcher.output
     assert {s: c.id for s, c in containers(head, "ctrlc").items()} == before
+
+
+def test_a_controller_that_loses_its_path_to_a_node_recreates_nothing(stack: Pair) -> None:
+    """The worker's context stops answering while the worker runs on: watch asks the nodes it
+    still reaches, finds every node alive in Ray and the canary answering, says so and keeps
+    the group; with the path back, it is plainly ok again."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "cutoff", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {n.name: {s: c.id for s, c in containers(n, "cutoff").items()} for n in (head, worker)}
+    watcher = Background("watch", config, "--interval", "2", cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 60)
+        with bed.controller_cut_off(worker):
+            for _ in range(3):  # three checks in a row, more than --failures
+                kept = watcher.wait_for("watch: no path from here to spark2's engine", 90)
+        assert kept.endswith(
+            "but every node is alive in Ray as spark1 sees it and the canary answered on the"
+            " head; kept"
+        )
+        watcher.wait_for("watch: ok", 60)
+    finally:
+        code = watcher.interrupt()
+    assert code == 130, watcher.output
+    assert not [line for line in watcher.lines if "failed" in line or "recover" in line]
+    after = {n.name: {s: c.id for s, c in containers(n, "cutoff").items()} for n in (head, worker)}
+    assert after == before

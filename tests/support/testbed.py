@@ -219,6 +219,18 @@ class Testbed:
         self._engine_up(node)
         self._wait_engine(node)
 
+    @contextlib.contextmanager
+    def controller_cut_off(self, node: Node) -> Iterator[None]:
+        """This machine loses its path to the node's engine (a context that no longer answers:
+        ssh down, a VPN gone) while the node and its containers run on: its socket file moved
+        aside for the block (the engine keeps serving the socket it holds)."""
+        socket = Path(node.socket)
+        aside = socket.rename(f"{node.socket}.cut")
+        try:
+            yield
+        finally:
+            aside.rename(socket)
+
     def link_down(self, node: Node) -> None:
         node.nsexec("ip", "link", "set", IFNAME, "down")
 
