@@ -89,13 +89,13 @@ class Deployment:
 
         def stale(node: Node) -> Callable[[], None]:
             def run() -> None:
-                states, stamps = self.fleet.states(node), changed.get(node.name, {})
+                states, changed_at = self.fleet.states(node), changed.get(node.name, {})
                 for service in reversed(self.fleet.stacks[node.name].services):  # serve first
                     state = states.get(service.name)
                     if not (state and state.running and state.started_at):
                         continue
                     started = state.started_at.timestamp()
-                    newer = [s for s in service.secrets if started < stamps.get(s, 0)]
+                    newer = [s for s in service.secrets if started < changed_at.get(s, 0)]
                     if newer:
                         said = f"{', '.join(newer)} changed since {service.name} started"
                         self.fleet.report(f"secrets: {node.name}: {said}; it restarts with it")
