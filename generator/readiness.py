@@ -22,7 +22,7 @@ LOG_TAIL = 20
 PROBE_EVERY = 15  # seconds between probes until the log says the server started
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
-STATE_TIMEOUT = 30  # a canary that has not come back by its deadline plus this has failed
+CANARY_GRACE = 30  # a canary that has not come back by its deadline plus this has failed
 PROGRESS_SECONDS = 2  # between the two looks at vLLM's /metrics after a late canary
 
 
@@ -174,7 +174,7 @@ def canary(fleet: Fleet, deadline: float) -> list[str]:
     head, c = fleet.head, fleet.cluster
     probe = probes.serve(c.vllm.port, c.served_model_name, deadline)
     run = lambda: fleet.execute(head, "serve", probe)  # noqa: E731
-    outcome = each({head.name: run}, deadline + STATE_TIMEOUT)[head.name]
+    outcome = each({head.name: run}, deadline + CANARY_GRACE)[head.name]
     if not isinstance(outcome, BaseException):
         return []
     if busy := progress(fleet):
