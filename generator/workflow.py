@@ -67,9 +67,14 @@ def pinned(
     return lock.pinned(cluster, locked), locked
 
 
-def relock(path: Path, outdir: Path | None, report: Report, found: secrets.Local) -> lock.Lock:
-    """Resolve the config on its head now (rendered without a lock) and write the lock."""
-    cluster = config.load(path)
+def relock(
+    path: Path,
+    cluster: config.Cluster,
+    outdir: Path | None,
+    report: Report,
+    found: secrets.Local,
+) -> lock.Lock:
+    """Resolve the config (as loaded, without its lock) on its head now and write the lock."""
     rendered = plan(path, cluster, outdir, found)
     output.apply(rendered.changes)
     resolved = lock.resolve(Fleet(cluster, rendered.folder, report, found.files))
@@ -95,7 +100,7 @@ def opened(
     cluster = config.load(path)
     found = secrets.local(path, cluster) if with_secrets else None
     if update_lock and found:
-        relock(path, outdir, report, found)
+        relock(path, cluster, outdir, report, found)
     cluster, locked = pinned(path, cluster, strict)
     with contextlib.ExitStack() as stack:
         folder = outdir

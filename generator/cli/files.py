@@ -95,9 +95,10 @@ def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 def lock_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write CONFIG's lock beside it: the base image's ID, the versions inside it, the model's
     manifest (every file hashed on the head), the config's hash. render and up then use it."""
-    found = secrets.local(path, config.load(path))
+    cluster = config.load(path)
+    found = secrets.local(path, cluster)
     generated(found)
-    locked(workflow.relock(path, outdir, progress, found), path)
+    locked(workflow.relock(path, cluster, outdir, progress, found), path)
 
 
 def locked(resolved: lock.Lock, path: Path) -> None:
