@@ -174,8 +174,9 @@ class Deployment:
         return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
 
     def recreate(self) -> Result:
-        """The whole group again: serve, then the workers, then the head down; then up as `up`
-        does (head, workers, serve), preflight included."""
+        """The whole group again: its logs saved, serve, then the workers, then the head down
+        (named volumes kept: the head's /tmp holds Ray's session logs of each try, and every
+        run of vLLM names its files there afresh); then up as `up` does, preflight included."""
         fleet, head = self.fleet, self.fleet.head
         evidence.save_logs(fleet, self.logs, "recreate")
         fleet.report("recreate: taking serve, then the workers, then the head down")
@@ -183,7 +184,7 @@ class Deployment:
         if isinstance(serve, BaseException):
             fleet.report(f"recreate: {head.name}: serve not removed: {reason(serve)}")
         for step in (fleet.cluster.workers, [head]):
-            for node, what in fleet.down(step).items():
+            for node, what in fleet.down(step, volumes=False).items():
                 if what != "removed":
                     fleet.report(f"recreate: {node}: {what}")
         return self.up()
