@@ -161,6 +161,7 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
             thread.start()
         busy = watcher.wait_for("watch: busy, not broken: the canary took over 1 s;", 120)
         assert re.search(r"\d running, \d+ waiting, \+\d+ tokens in 2 s$", busy), busy
+        print(busy)
         for thread in load:
             thread.join(timeout=150)
         watcher.wait_for("watch: ok", 60)  # idle: the canary answers within 1 s again
