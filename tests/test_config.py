@@ -85,6 +85,19 @@ def test_ray_token_auth_turned_off_is_allowed_with_a_warning() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        "nvcr.io/nvidia/vllm:25.09-PY3",  # a tag may hold upper case
+        "localhost:5000/team/vllm:Nightly_2026",
+        "hellohal2064/vllm-qwen3.5-gb10:latest",
+        "vllm/vllm-openai@sha256:" + "ab" * 32,
+    ],
+)
+def test_legal_image_references_are_accepted(image: str) -> None:
+    assert config.parse(BASE.replace("vllm/vllm-openai:v0.32.0", image)).image == image
+
+
 BROKEN = [
     ("name: [", ["line 1, column 8: expected the node content, but found '<stream end>'"]),
     ("- a\n- b\n", ["the file must hold a mapping (name: ..., nodes: ...)"]),
