@@ -5,7 +5,6 @@ monitor setting, RDMA ports and GPUs (the JSON generator/checks.py reads as `Fac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import json
 import os
@@ -89,43 +88,35 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     return {"to": outcome, "heard_from": sorted(heard)}
 
 
-def model_files(path: str) -> dict[str, int] | None:
-    """Relative path -> size of every file under path (symlinks followed), or None if absent."""
+def model_walk(path: str) -> tuple[dict[str, int], dict[str, int], dict[str, str]] | None:
+    """One walk of the model folder (symlinks followed), None if absent: relative path -> size
+    (-1 for a symlink this container cannot follow), relative path -> mtime in ns (what `verify`
+    stamps, generator/stamps.py), and each unfollowable symlink -> its target (outside the
+    mounted folder, or gone)."""
     if not os.path.isdir(path):
         return None
-    files: dict[str, int] = {}
-    for root, _, names in os.walk(path, followlinks=True):
-        for name in names:
-            full = os.path.join(root, name)
-            try:
-                files[os.path.relpath(full, path)] = os.stat(full).st_size
-            except OSError:  # a dangling symlink
-                files[os.path.relpath(full, path)] = -1
-    return files
-
-
-def model_mtimes(path: str) -> dict[str, int]:
-    """Relative path -> mtime (ns) of every file under path (symlinks followed): with the sizes,
-    what `verify` recorded when it last hashed them (generator/stamps.py)."""
-    found: dict[str, int] = {}
-    for root, _, names in os.walk(path, followlinks=True):
-        for name in names:
-            full = os.path.join(root, name)
-            with contextlib.suppress(OSError):  # a dangling symlink: model_files names it
-                found[os.path.relpath(full, path)] = os.stat(full).st_mtime_ns
-    return found
-
-
-def unreachable_links(path: str) -> dict[str, str]:
-    """Relative path -> target of every symlink under `path` whose target this container cannot
-    see (outside the mounted folder, or gone)."""
+    sizes: dict[str, int] = {}
+    mtimes: dict[str, int] = {}
     links: dict[str, str] = {}
     for root, _, names in os.walk(path, followlinks=True):
         for name in names:
             full = os.path.join(root, name)
-            if os.path.islink(full) and not os.path.exists(full):
-                links[os.path.relpath(full, path)] = os.readlink(full)
-    return links
+            relative = os.path.relpath(full, path)
+            try:
+                seen = os.stat(full)
+            except OSError:
+                sizes[relative] = -1
+                if os.path.islink(full):
+                    links[relative] = os.readlink(full)
+                continue
+            sizes[relative], mtimes[relative] = seen.st_size, seen.st_mtime_ns
+    return sizes, mtimes, links
+
+
+def model_files(path: str) -> dict[str, int] | None:
+    """Relative path -> size of every file under path (symlinks followed), or None if absent."""
+    walked = model_walk(path)
+    return walked[0] if walked else None
 
 
 def version(dist: str) -> str | None:
@@ -172,6 +163,7 @@ def gpus() -> int | None:
 def facts(args: argparse.Namespace) -> None:
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    model = model_walk(args.model) if args.model else None
     found = {
         "interface": interface(args.interface),
         "reach": reach(args.ip, args.listen, [p for p in args.peers.split(",") if p], args.seconds),
@@ -183,9 +175,9 @@ def facts(args: argparse.Namespace) -> None:
             ),
         },
         "ray_on_path": shutil.which("ray") is not None,
-        "model": model_files(args.model) if args.model else None,
-        "unreachable_links": unreachable_links(args.model) if args.model else {},
-        "model_mtimes": model_mtimes(args.model) if args.model else {},
+        "model": model[0] if model else None,
+        "unreachable_links": model[2] if model else {},
+        "model_mtimes": model[1] if model else {},
         "shm_bytes": shm.f_blocks * shm.f_frsize if shm else 0,
         "memlock": -1 if soft == resource.RLIM_INFINITY else soft,
         # Ray's own spelling of the variable.
