@@ -24,6 +24,8 @@ from generator.fanout import each, parallel
 from generator.fleet import DOWN_TIMEOUT, Fleet
 from generator.stamps import Stamps
 
+START_TIMEOUT = 150  # creating and starting a service's container with Compose
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -114,9 +116,11 @@ class Deployment:
         if c.backend == "ray":
             # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM waits for the
             # workers in its placement group; `_serve_up` names a node that did not join in time.
-            self._phase(result, "ray", lambda: self._ray_up(self.timeouts.ray))
-        else:
-            self._phase(result, "ranks", lambda: self._workers_up())
+            self._phase(
+                result, "ray", lambda: self._started("ray", c.nodes, "ray", self.timeouts.ray)
+            )
+        else:  # the headless ranks, at once (rank 0 waits for them)
+            self._phase(result, "ranks", lambda: self._started("ranks", c.workers, "serve"))
         serve_timeout = self.timeouts.serve or c.vllm.startup_timeout
         self._phase(result, "serve", lambda: self._serve_up(serve_timeout))
 
@@ -126,25 +130,23 @@ class Deployment:
         fn()
         result.phases.append((name, time.monotonic() - start))
 
-    def _compose_up(self, node: Node, services: list[str], phase: str) -> None:
-        try:
-            self.fleet.compose_up(node, services)
-        except DockerException as e:
-            raise readiness.failure(self.fleet, node, phase, reason(e)) from None
+    def _started(
+        self, phase: str, nodes: list[Node], service: str, timeout: float = START_TIMEOUT
+    ) -> None:
+        """`service` started on every one of `nodes` at once (Compose returns once created);
+        a node whose Compose fails is named with the cause from its log."""
 
-    def _ray_up(self, timeout: float) -> None:
-        """Start every node's Ray container (a worker's waits for the head's GCS itself)."""
-        work = {n.name: self._starter(n, ["ray"], "ray") for n in self.fleet.cluster.nodes}
-        parallel("ray", work, timeout, self.fleet.report)
+        def start(node: Node) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    self.fleet.compose_up(node, [service])
+                except DockerException as e:
+                    raise readiness.failure(self.fleet, node, phase, reason(e)) from None
 
-    def _starter(self, node: Node, services: list[str], phase: str) -> Callable[[], None]:
-        return lambda: self._compose_up(node, services, phase)
+            return run
 
-    def _workers_up(self) -> None:
-        """The native backend's headless ranks, started at once (rank 0 waits for them)."""
-        work = {n.name: self._starter(n, ["serve"], "ranks") for n in self.fleet.cluster.workers}
-        if work:
-            parallel("ranks", work, 150, self.fleet.report)
+        if nodes:
+            parallel(phase, {n.name: start(n) for n in nodes}, timeout, self.fleet.report)
 
     def _serve_up(self, timeout: int) -> None:
         """Start serve and follow its log; probe it with the same real completion its healthcheck
@@ -153,7 +155,7 @@ class Deployment:
         steal CPU from the model load. Meanwhile every other rank must keep running, and with Ray
         every node must have joined within the join timeout."""
         fleet, head, c = self.fleet, self.fleet.head, self.fleet.cluster
-        parallel("serve", {head.name: self._starter(head, ["serve"], "serve")}, 150, fleet.report)
+        self._started("serve", [head], "serve")
         if c.backend == "ray":
             others = [(n, "ray") for n in c.nodes]
             join = readiness.Join(self.timeouts.join)
