@@ -17,7 +17,6 @@ from generator.fanout import each, pump
 from generator.fleet import Fleet
 
 STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
-NO_ENGINE = "engine does not answer"
 
 
 class ServiceRow(BaseModel):
@@ -88,9 +87,8 @@ def problems(fleet: Fleet, deadline: float) -> list[str]:
     """What is wrong with the running group, one line each; none when it serves: every service
     of every node running, every node alive in Ray at its IP, and a real completion back from
     serve within `deadline` seconds."""
-    found = _service_problems(fleet)
-    lost = [n for n in fleet.cluster.nodes if f"{n.name}: {NO_ENGINE}" in "\n".join(found)]
-    if lost and all(NO_ENGINE in line for line in found):
+    found, lost = _service_problems(fleet)
+    if lost and len(found) == len(lost):  # nothing wrong but engines this machine cannot reach
         inside = _seen_inside(fleet, lost, deadline)
         if inside:
             names = ", ".join(n.name for n in lost)
@@ -129,17 +127,17 @@ def _seen_inside(fleet: Fleet, lost: list[Node], deadline: float) -> str | None:
     return " and ".join(seen) or None
 
 
-def _service_problems(fleet: Fleet) -> list[str]:
+def _service_problems(fleet: Fleet) -> tuple[list[str], list[Node]]:
+    """One line per service not running, after one per node whose engine does not answer (it
+    explains what is missing elsewhere); and those nodes."""
+
     def states(node: Node) -> Callable[[], dict[str, ContainerState]]:
         return lambda: fleet.states(node)
 
     seen = each({n.name: states(n) for n in fleet.cluster.nodes}, STATE_TIMEOUT)
-    # An engine that does not answer first: it explains what is missing elsewhere.
-    found = [
-        f"{name}: {NO_ENGINE}: {reason(state)}"
-        for name, state in seen.items()
-        if isinstance(state, BaseException)
-    ]
+    errors = {name: e for name, e in seen.items() if isinstance(e, BaseException)}
+    found = [f"{name}: engine does not answer: {reason(e)}" for name, e in errors.items()]
+    lost = [n for n in fleet.cluster.nodes if n.name in errors]
     for node in fleet.cluster.nodes:
         state = seen[node.name]
         if isinstance(state, BaseException):
@@ -150,4 +148,4 @@ def _service_problems(fleet: Fleet) -> list[str]:
             elif not state[service.name].running:
                 s = state[service.name]
                 found.append(f"{node.name}: {service.name} {s.status} (exit {s.exit_code})")
-    return found
+    return found, lost
