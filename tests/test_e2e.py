@@ -144,9 +144,10 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
 
 
 def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pair: Pair) -> None:
-    """vLLM with two sequence slots and twelve long requests (bounded: 12 x 240 tokens, each at
-    most 120 s): the canary queues behind them and misses its 1 s deadline, but /metrics show
-    tokens rising, so watch says busy and recreates nothing; idle again, the canary answers."""
+    """vLLM with two sequence slots, kept full by six clients sending long requests one after
+    another (bounded: each at most 40 requests of 240 tokens, 180 s in all): the canary queues
+    behind them and misses its 1 s deadline, but /metrics show tokens rising, so watch says busy
+    and recreates nothing; once the load stops, the canary answers within 1 s again."""
     bed, tmp = pair
     head = bed.nodes[0]
     busy_vllm = VLLM.replace("--enforce-eager]", "--enforce-eager, --max-num-seqs, '2']")
@@ -154,33 +155,41 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
     assert cli("up", path, cwd=tmp).returncode == 0
     before = clusters.containers(head, "busy")["serve"].id
     watcher = clusters.Background("watch", path, "--interval", "1", "--deadline", "1", cwd=tmp)
-    load = [threading.Thread(target=long_request, args=(path,)) for _ in range(12)]
+    stop = threading.Event()
+    load = [threading.Thread(target=long_requests, args=(path, stop)) for _ in range(6)]
     try:
         watcher.wait_for("watch: ok", 120)
         for thread in load:
             thread.start()
-        busy = watcher.wait_for("watch: busy, not broken: the canary took over 1 s;", 120)
+        busy = watcher.wait_for("watch: busy, not broken: the canary took over 1 s;", 150)
         assert re.search(r"\d running, \d+ waiting, \+\d+ tokens in 2 s$", busy), busy
         print(busy)
+        stop.set()
         for thread in load:
             thread.join(timeout=150)
         watcher.wait_for("watch: ok", 60)  # idle: the canary answers within 1 s again
     finally:
+        stop.set()
         stopped = watcher.interrupt()
     assert stopped == 130, watcher.output
     assert not [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
     assert clusters.containers(head, "busy")["serve"].id == before
 
 
-def long_request(path: Path) -> None:
-    """One completion of 240 tokens (EOS ignored), at most 120 s."""
+def long_requests(path: Path, stop: threading.Event) -> None:
+    """Completions of 240 tokens (EOS ignored) one after another until `stop`: at most 40, each
+    at most 120 s, none started after 180 s."""
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 240, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {clusters.api_key(path)}"}
     headers["Content-Type"] = "application/json"
     url = "http://192.168.200.12:30000/v1/completions"
-    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
-    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=120) as answer:
-        answer.read()
+    until = time.monotonic() + 180
+    for _ in range(40):
+        if stop.is_set() or time.monotonic() > until:
+            return
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=120) as answer:
+            answer.read()
 
 
 def chat(node: Node, key: str) -> dict[str, Any]:
