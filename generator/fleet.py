@@ -29,6 +29,7 @@ from generator.stack import NodeStack, model_mount
 SERVICE = "com.docker.compose.service"  # the label naming a container's service
 DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
 HEALTH_LINES = 3  # of a failing health check's output, shown in errors
+SUPERVISOR_LINES = 200  # of a log searched for the supervisor's last line
 
 
 def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
@@ -162,8 +163,12 @@ class Fleet:
         return {_service(c): c.state for c in found}
 
     def running(self, node: Node, service: str) -> bool:
+        """Its container runs, and so does its command (not waiting out a back-off after it
+        exited: the container stays up then, see image/group.py)."""
         found = self.docker[node.name].compose.ps([service], all=True)
-        return bool(found) and found[0].state.running is True
+        if not found or found[0].state.running is not True:
+            return False
+        return not probes.exited(self.tail(node, service, SUPERVISOR_LINES))
 
     def failing_service(self, node: Node) -> tuple[str, str] | None:
         """The node's service that is not running or not healthy, with its last health output."""

@@ -5,6 +5,17 @@ the lock's manifest and the model sync."""
 from __future__ import annotations
 
 HEALTH = "vllm-compose-health"
+# The supervisor's lines in a service's log (image/group.py): its command started; its command
+# exited by itself and waits for its back-off (the container still runs).
+SAID = "vllm-compose: "
+STARTING = "starting"
+EXITED = "exited with code"
+
+
+def exited(log: str) -> bool:
+    """Does the supervisor's last line in `log` say its command exited by itself?"""
+    said = [line for line in log.splitlines() if line.startswith(SAID)]
+    return bool(said) and EXITED in said[-1]
 
 
 def ray(gcs: str, expect: list[str], gpus: int | None = None) -> list[str]:

@@ -27,12 +27,19 @@ PROGRESS_SECONDS = 2  # between the two looks at vLLM's /metrics after a late ca
 
 
 def failure(
-    fleet: Fleet, node: Node, phase: str, message: str, hint: str | None = None, seen: str = ""
+    fleet: Fleet,
+    node: Node,
+    phase: str,
+    message: str,
+    hint: str | None = None,
+    seen: str = "",
+    service: str | None = None,
 ) -> PhaseError:
-    """A PhaseError with the cause read from the failing service's log, its last health output
-    and its last log lines. `seen`: the log line that tripped a guard."""
+    """A PhaseError with the cause read from the failing service's log (`service`, or the node's
+    first not running or not healthy), its last health output and its last log lines. `seen`:
+    the log line that tripped a guard."""
     detail = f"log line: {seen}\n" if seen else ""
-    failing = None if seen else fleet.failing_service(node)
+    failing = (service, "") if service else None if seen else fleet.failing_service(node)
     if failing:
         service, check = failing
         log = fleet.tail(node, service, DIAGNOSE_LINES)
@@ -79,7 +86,7 @@ class Watched:
         for other, service in [(self.node, self.service), *self.others]:
             if not self.fleet.running(other, service):
                 phase = self.phase if service == self.service else service
-                raise failure(self.fleet, other, phase, f"{service} stopped")
+                raise failure(self.fleet, other, phase, f"{service} stopped", service=service)
         return False
 
     def joined(self, now: bool = False) -> bool:
@@ -107,6 +114,10 @@ class Watched:
         """One line of the followed log (None: it ended, the container stopped)."""
         if line is None or STARTED in line:
             self.started = True
+        elif line.startswith(probes.SAID) and probes.EXITED in line:
+            raise failure(
+                self.fleet, self.node, self.phase, f"{self.service} stopped", service=self.service
+            )
         elif tripped := diagnose.guard(line):
             if tripped is diagnose.PLACEMENT and not self.joined(now=True):
                 return  # a node still joining: the join deadline judges it

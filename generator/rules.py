@@ -133,16 +133,20 @@ def _parallel_problems(c: Cluster) -> list[str]:
 
 
 def _port_problems(c: Cluster) -> list[str]:
-    """The API port against the other ports the stacks open on the head."""
-    others = (
-        {"ray.port": c.ray.port} if c.backend == "ray" else {"vllm.master_port": c.vllm.master_port}
-    )
-    if c.backend == "ray" and c.ray.dashboard:
-        others["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
+    """The ports the stacks open on every node, against each other."""
+    ports = {"vllm.port": c.vllm.port, "group.port": c.group.port}
+    if c.backend == "ray":
+        ports["ray.port"] = c.ray.port
+        if c.ray.dashboard:
+            ports["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
+    else:
+        ports["vllm.master_port"] = c.vllm.master_port
+    names = list(ports)
     return [
-        f"vllm.port: {c.vllm.port} is taken by {name}; choose another"
-        for name, port in others.items()
-        if port == c.vllm.port
+        f"{name}: {ports[name]} is taken by {other}; choose another"
+        for i, name in enumerate(names)
+        for other in names[i + 1 :]
+        if ports[name] == ports[other]
     ]
 
 

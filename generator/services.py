@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from generator import probes
 
 if TYPE_CHECKING:
+    from generator.config import Node
     from generator.stack import NodeStack
 
 # The head's temp folder, shared by its Ray container and serve: Ray's session (plasma and raylet
@@ -74,6 +75,7 @@ def _ray_head(stack: NodeStack) -> Service:
         "ray",
         cmd,
         _ray_health(test),
+        environment=group(stack, listen=True),
         volumes=[f"shared-tmp:{SHARED_TMP}"],
         secrets=_ray_secrets(stack),
         configs=stack.config_targets,
@@ -83,7 +85,7 @@ def _ray_head(stack: NodeStack) -> Service:
 def _ray_worker(stack: NodeStack) -> Service:
     cmd = [*_ray_start(stack), "--address", stack.gcs_address]
     test = ["CMD", *probes.ray(stack.gcs_address, [str(stack.node.ip)])]
-    env = {"VLLM_COMPOSE_WAIT_FOR": stack.gcs_address}
+    env = {"VLLM_COMPOSE_WAIT_FOR": stack.gcs_address, **group(stack, listen=True)}
     return Service(
         "ray",
         cmd,
@@ -118,7 +120,7 @@ def _serve(stack: NodeStack) -> Service:
         depends_on="ray",
         pid_of="ray",
         volumes=[f"shared-tmp:{SHARED_TMP}"],
-        environment={"RAY_ADDRESS": stack.gcs_address},
+        environment={"RAY_ADDRESS": stack.gcs_address, **group(stack, members=True)},
         secrets=list(stack.secrets),
         configs=stack.config_targets,
     )
@@ -132,16 +134,18 @@ def _native_serve(stack: NodeStack) -> Service:
     cmd = [*_vllm_serve(stack), "--nnodes", str(len(c.nodes)), "--node-rank", str(_rank(stack))]
     cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
     secrets = list(stack.secrets)
+    env = group(stack, listen=True, members=True)
     if stack.is_head:
         return Service(
             "serve",
             [*cmd, *c.vllm.args],
             _serve_health(stack),
+            environment=env,
             secrets=secrets,
         )
     # A headless rank has no API to probe; the head's completion gate proves it works.
     cmd = [*cmd, "--headless", *c.vllm.args]
-    return Service("serve", cmd, None, secrets=secrets)
+    return Service("serve", cmd, None, environment=env, secrets=secrets)
 
 
 def _rank(stack: NodeStack) -> int:
@@ -150,6 +154,25 @@ def _rank(stack: NodeStack) -> int:
 
 
 # Shared
+
+
+def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict[str, str]:
+    """How the service keeps in step with the other nodes (image/group.py): the head's first
+    service is the root, the others follow it; `listen` publishes this node's start, `members`
+    (on the head) follows the workers' too."""
+    c = stack.cluster
+
+    def at(node: Node) -> str:
+        return f"{node.ip}:{c.group.port}"
+
+    env = {"VLLM_COMPOSE_GROUP_GRACE": str(c.group.grace)}
+    if listen:
+        env["VLLM_COMPOSE_GROUP_LISTEN"] = at(stack.node)
+    if not (stack.is_head and listen):
+        env["VLLM_COMPOSE_GROUP_ROOT"] = at(c.head)
+    if stack.is_head and members and c.workers:
+        env["VLLM_COMPOSE_GROUP_MEMBERS"] = ",".join(at(n) for n in c.workers)
+    return env
 
 
 def _vllm_serve(stack: NodeStack) -> list[str]:

@@ -28,8 +28,10 @@ if [ -r /run/secrets/hf_token ]; then
     export HF_TOKEN_PATH
 fi
 # A Ray worker that starts before its head would give up after a few retries: wait for the
-# head's GCS port first, bounded, so the nodes of a hand-run stack can start in any order.
-if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ]; then
+# head's GCS port first, bounded, so the nodes of a hand-run stack can start in any order. (In a
+# group, the supervisor waits for it before every start of the command.)
+in_group="${VLLM_COMPOSE_GROUP_LISTEN:-}${VLLM_COMPOSE_GROUP_ROOT:-}"
+if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ] && [ "$in_group" = "" ]; then
     seconds="${VLLM_COMPOSE_WAIT_SECONDS:-300}"
     echo "vllm-compose: waiting up to $seconds s for the head's Ray at $VLLM_COMPOSE_WAIT_FOR" >&2
     vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "$seconds"
@@ -39,5 +41,10 @@ fi
 if [ -r /run/secrets/api_key ]; then
     VLLM_API_KEY="$(cat /run/secrets/api_key)"
     export VLLM_API_KEY
+fi
+# In a group (every rendered stack), the command runs in step with the other nodes: started
+# once its root and members are up, and again whenever one of them restarts (group.py).
+if [ "$in_group" != "" ]; then
+    exec vllm-compose-health supervise -- "$@"
 fi
 exec "$@"

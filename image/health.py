@@ -20,6 +20,8 @@ facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--
 manifest PATH
     prints the model's manifest as JSON: size and sha256 of every file (symlinks followed), and
     the revision when PATH is a Hugging Face cache snapshot
+supervise -- COMMAND...
+    runs COMMAND in step with its group across nodes (group.py; VLLM_COMPOSE_GROUP_* in the env)
 send --root PATH --listen IP:PORT
     serves the files under PATH (symlinks followed) to `receive`, until stopped
 receive --root PATH --source IP:PORT [--manifest FILE]   (default: the manifest on stdin)
@@ -43,12 +45,13 @@ LIB = "/usr/local/lib/vllm-compose"
 sys.path.insert(1, LIB)
 
 from facts import facts  # noqa: E402
+from group import from_environment, run  # noqa: E402
 from raychecks import check_ray, print_nodes, print_slots  # noqa: E402
 from transfer import connect, manifest, receive, send  # noqa: E402
 
 API_KEY = "/run/secrets/api_key"
 # Commands that print their result (JSON or a stream) instead of "<command> ok".
-QUIET = ("nodes", "slots", "metrics", "facts", "manifest", "send", "receive")
+QUIET = ("nodes", "slots", "metrics", "facts", "manifest", "send", "receive", "supervise")
 
 
 def check_serve(args: argparse.Namespace) -> str | None:
@@ -127,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
     receiver.add_argument("--root", required=True)
     receiver.add_argument("--source", required=True)
     receiver.add_argument("--manifest", help="the manifest's file (default: stdin)")
+    sub.add_parser("supervise").add_argument("command", nargs=argparse.REMAINDER)
     return found
 
 
@@ -140,6 +144,14 @@ def _facts_arguments(facts_parser: argparse.ArgumentParser) -> None:
     facts_parser.add_argument("--model")
 
 
+def supervise(args: argparse.Namespace) -> str | None:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    member = from_environment()
+    if not command or member is None:
+        return "supervise needs a command, and VLLM_COMPOSE_GROUP_LISTEN or _ROOT in the env"
+    sys.exit(run(member, command))
+
+
 CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
     "ray": check_ray,
     "nodes": print_nodes,
@@ -151,6 +163,7 @@ CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
     "manifest": manifest,
     "send": send,
     "receive": receive,
+    "supervise": supervise,
 }
 
 

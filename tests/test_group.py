@@ -1,0 +1,138 @@
+"""The group supervisor (image/group.py) as real processes on loopback addresses: a root, a
+member that follows it, and a head that follows its members; each runs a shell command that
+appends a line to a file at every start."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HEALTH = Path(__file__).parent.parent / "image" / "health.py"
+PORT = 29610
+
+
+class Supervised:
+    """`vllm-compose-health supervise` of a command that counts its starts in `starts`."""
+
+    def __init__(self, folder: Path, name: str, env: dict[str, str], command: str = "") -> None:
+        self.starts = folder / f"{name}.starts"
+        self.log = (folder / f"{name}.log").open("w")
+        command = command or f"echo started >> {self.starts}; exec sleep 600"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HEALTH), "supervise", "--", "sh", "-c", command],
+            env={**os.environ, "VLLM_COMPOSE_GROUP_GRACE": "3", **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.output = folder / f"{name}.log"
+
+    def count(self) -> int:
+        return len(self.starts.read_text().splitlines()) if self.starts.exists() else 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def eventually(check: object, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not true within {seconds} s")
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Supervised]]:
+    running: list[Supervised] = []
+    yield running
+    for one in running:
+        one.stop()
+
+
+def test_a_member_starts_after_its_root_and_again_whenever_the_root_starts_again(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    member = Supervised(tmp_path, "member", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.2:{PORT}",
+                                             "VLLM_COMPOSE_GROUP_ROOT": f"127.0.0.1:{PORT}"})  # fmt: skip
+    started.append(member)
+    time.sleep(2)
+    assert member.count() == 0  # no root yet: it waits
+    root = Supervised(tmp_path, "root", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"})
+    started.append(root)
+    eventually(lambda: member.count() == 1 and root.count() == 1)
+    root.stop()
+    started.append(
+        Supervised(tmp_path, "root2", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"})
+    )
+    eventually(lambda: member.count() == 2)
+    said = member.output.read_text()
+    assert f"the group broke: 127.0.0.1:{PORT} " in said, said
+
+
+def test_a_head_waits_for_its_members_and_starts_again_when_one_does(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    head_env = {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}",
+                "VLLM_COMPOSE_GROUP_MEMBERS": f"127.0.0.2:{PORT}"}  # fmt: skip
+    member_env = {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.2:{PORT}",
+                  "VLLM_COMPOSE_GROUP_ROOT": f"127.0.0.1:{PORT}"}  # fmt: skip
+    head = Supervised(tmp_path, "head", head_env)
+    started.append(head)
+    time.sleep(2)
+    assert head.count() == 0  # its member has not joined
+    member = Supervised(tmp_path, "member", member_env)
+    started.append(member)
+    eventually(lambda: head.count() == 1 and member.count() == 1)
+    member.stop()  # the member's node goes down and comes back: a new start
+    again = Supervised(tmp_path, "again", member_env)
+    started.append(again)
+    # The head starts again with the new member; the member follows the head's new start.
+    eventually(lambda: head.count() == 2 and again.count() >= 1)
+    eventually(
+        lambda: f"the group broke: 127.0.0.1:{PORT} started again" in again.output.read_text()
+    )
+    assert f"the group broke: 127.0.0.2:{PORT} started again" in head.output.read_text()
+
+
+def test_a_member_that_stops_answering_breaks_the_group_after_the_grace(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    root = Supervised(tmp_path, "root", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"})
+    member = Supervised(tmp_path, "member", {"VLLM_COMPOSE_GROUP_ROOT": f"127.0.0.1:{PORT}"})
+    started += [root, member]
+    eventually(lambda: member.count() == 1)
+    os.killpg(root.proc.pid, signal.SIGKILL)  # the root's node loses power
+    eventually(lambda: "has not answered for 3 s" in member.output.read_text(), 15)
+
+
+def test_a_command_that_exits_is_started_again_after_a_back_off(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    failing = Supervised(tmp_path, "failing", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"},
+                         command=f"echo started >> {tmp_path}/failing.starts; exit 3")  # fmt: skip
+    started.append(failing)
+    eventually(lambda: "exited with code 3" in failing.output.read_text())
+    said = failing.output.read_text()
+    assert re.search(r"sh exited with code 3 after [01] s; starting it again in 5 s \(1\)", said)
+    time.sleep(2)
+    assert failing.count() == 1  # still waiting out its back-off
+    eventually(lambda: failing.count() == 2, 10)
+    failing.stop()
+    assert failing.proc.returncode == 0

@@ -1,0 +1,119 @@
+"""Power cuts on the emulated nodes (each node's engine stopped, so its containers die, then
+started again), with real vLLM on both backends: the group serves again with no command run, a
+node that restarts alone makes the whole group start again together, and `down` stays final."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import clusters
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import Node, Testbed
+from tests.test_by_hand import compose, done
+from tests.test_e2e import MODEL, VLLM, VLLM_RAY, config
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture
+def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield vllm_testbed, tmp_path
+    clusters.clean(vllm_testbed, tmp_path)
+
+
+BACK_WITHIN = 420  # seconds a group may take to serve again after a power cut (bounded wait)
+
+
+def answers(node: Node, key: str) -> bool:
+    """One chat completion, sent from `node`, comes back (at most 20 s)."""
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    found = node.nsexec(
+        "curl", "-sf", "-m", "20", "http://192.168.200.12:30000/v1/chat/completions",
+        "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
+        "-d", json.dumps(request), check=False,
+    )  # fmt: skip
+    return found.returncode == 0 and '"chat.completion"' in found.stdout
+
+
+def serving_again(node: Node, key: str) -> float:
+    """Seconds until a completion comes back; fails after BACK_WITHIN."""
+    start = time.monotonic()
+    while time.monotonic() - start < BACK_WITHIN:
+        if answers(node, key):
+            return time.monotonic() - start
+        time.sleep(2)
+    raise AssertionError(f"not serving {BACK_WITHIN} s after the power came back")
+
+
+def power_cut(bed: Testbed, nodes: list[Node]) -> None:
+    for node in nodes:
+        bed.stop_engine(node)
+    for node in nodes:
+        bed.start_engine(node)
+
+
+def ids(nodes: list[Node], project: str) -> dict[str, dict[str, str]]:
+    return {n.name: {s: c.id for s, c in clusters.containers(n, project).items()} for n in nodes}
+
+
+@pytest.mark.parametrize("backend", ["native", "ray"])
+def test_power_cuts_of_both_nodes_then_each_alone_and_the_group_serves_again_by_itself(
+    pair: Pair, backend: str
+) -> None:
+    """Both nodes, then the worker alone, then the head alone: after each, the same containers
+    serve again with no command run. After the worker's cut the head's side of the group says
+    it broke and started again with it: no rank keeps serving a group that lost a member."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, backend, backend, VLLM if backend == "native" else VLLM_RAY)
+    assert cli("up", path, cwd=tmp).returncode == 0
+    key, before = clusters.api_key(path), ids([head, worker], backend)
+    for cut in ([head, worker], [worker], [head]):
+        power_cut(bed, cut)
+        took = serving_again(worker, key)
+        print(f"{backend}: power cut of {', '.join(n.name for n in cut)}: serving in {took:.0f} s")
+        assert ids([head, worker], backend) == before  # restarted, never recreated
+        if cut == [worker]:
+            said = str(head.docker.container.logs(f"{backend}-serve-1"))
+            assert "the group broke: 192.168.200.13:29510 started again" in said, said[-3000:]
+
+
+def test_down_then_a_power_cut_brings_nothing_back(pair: Pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "gone", "native")
+    assert cli("up", path, cwd=tmp).returncode == 0
+    assert cli("down", path, cwd=tmp).returncode == 0
+    power_cut(bed, [head, worker])
+    time.sleep(5)  # what a restart policy would start, the engine starts as it comes up
+    assert clusters.leftovers(head, "gone") == [] and clusters.leftovers(worker, "gone") == []
+    assert not head.docker.container.list() and not worker.docker.container.list()
+
+
+def test_a_command_that_keeps_failing_backs_off(pair: Pair) -> None:
+    """vLLM refusing its arguments: `up` names it at the first exit; started by hand, the
+    supervisor starts it again after 5 s, then 10 s (the container stays up meanwhile)."""
+    bed, tmp = pair
+    head = bed.nodes[0]
+    bad = VLLM.replace("--enforce-eager]", "--enforce-eager, --no-such-flag]")
+    path = config(tmp, bed, "bad", "native", bad)
+    upping = cli("up", path, cwd=tmp)
+    assert upping.returncode != 0
+    assert "serve stopped" in upping.stderr, upping.stderr
+    assert cli("render", path, cwd=tmp).returncode == 0
+    for node in bed.nodes[:2]:
+        done(compose(node, tmp / "compose/bad" / node.name, "up", "-d"))
+    deadline = time.monotonic() + 120
+    said: list[str] = []
+    while time.monotonic() < deadline and len(said) < 2:
+        log = str(head.docker.container.logs("bad-serve-1"))
+        said = [line for line in log.splitlines() if "exited with code" in line]
+        time.sleep(2)
+    assert len(said) >= 2, said
+    assert "starting it again in 5 s (1)" in said[0] and "starting it again in 10 s (2)" in said[1]
+    assert head.docker.container.inspect("bad-serve-1").state.running
