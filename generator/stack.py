@@ -26,6 +26,17 @@ SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-
 # unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
 CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 VLLM_CONFIG_ROOT = "/etc/vllm-compose/vllm"
+# Compile caches, kept in a named volume per node so that a start after a recreate, a recovery,
+# an upgrade or a reboot finds what the last one compiled: vLLM's torch.compile cache, Inductor's,
+# Triton's, FlashInfer's (under its workspace base) and CUDA's JIT cache.
+CACHE = "/var/cache/vllm-compose"
+CACHE_ENV = {
+    "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/inductor",
+    "TRITON_CACHE_DIR": f"{CACHE}/triton",
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE}/flashinfer",
+    "CUDA_CACHE_PATH": f"{CACHE}/cuda",
+}
 
 
 def secret_source(name: str) -> str:
@@ -89,7 +100,7 @@ class NodeStack:
     @property
     def environment(self) -> dict[str, str]:
         """Ours first, then the user's: per-node values cannot be overridden (config rejects it)."""
-        env = self.per_node_environment
+        env = self.per_node_environment | CACHE_ENV
         if self.cluster.backend == "ray":
             env["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT
             # Ray's memory monitor kills workers during weight load on unified memory (FAILURES #6);
@@ -140,7 +151,12 @@ class NodeStack:
     def services(self) -> list[Service]:
         own = services.own(self)
         model = model_mount(self.cluster.model.path)
-        done = [replace(s, environment=self.environment | s.environment, model=model) for s in own]
+        cache = f"{self.cache_volume}:{CACHE}"
+        done = [
+            replace(s, environment=self.environment | s.environment, model=model,
+                    volumes=[*s.volumes, cache])
+            for s in own
+        ]  # fmt: skip
         return [replace(s, fingerprint=self._fingerprint(s)) for s in done]
 
     def _fingerprint(self, service: Service) -> str:
@@ -189,5 +205,13 @@ class NodeStack:
         return self.cluster.accelerator == "nvidia"
 
     @property
+    def cache_volume(self) -> str:
+        """The compile caches' volume, named by the image (its ID once locked) and the model: a
+        different vLLM or model starts with an empty cache, never a stale one."""
+        key = json.dumps([self.cluster.image, self.cluster.model.path])
+        return f"compile-cache-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+    @property
     def named_volumes(self) -> list[str]:
-        return ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
+        shared = ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
+        return [*shared, self.cache_volume]

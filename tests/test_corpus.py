@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -305,7 +306,7 @@ FIRST = {
     "type-startup-timeout-low": "vllm.startup_timeout: Input should be greater than or equal to 10",
     "type-utilization-above-one": "vllm.gpu_memory_utilization: Input should be less than or equal to 1",
     "unknown-node-key": "nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)",
-    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, env, secrets)",
+    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, group, env, secrets)",
     "unknown-vllm-key": "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy, master_port, startup_timeout, args)",
 }
 
@@ -384,11 +385,16 @@ def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) 
     )
     try:
         stack.compose.up(["serve"], detach=True, quiet=True, pull="never")
-        docker.container.wait(stack.compose.ps(all=True)[0])
-        log = str(stack.compose.logs(["serve"], no_log_prefix=True))
+        printed: list[str] = []
+        deadline = time.monotonic() + 60
+        while not printed and time.monotonic() < deadline:  # the supervisor starts it again
+            log = str(stack.compose.logs(["serve"], no_log_prefix=True))
+            printed = [line for line in log.splitlines() if line.startswith("{")]
+            time.sleep(0.5)
     finally:
         stack.compose.down(volumes=True, quiet=True)
         shutil.rmtree("/var/lib/vllm-compose/probe", ignore_errors=True)
-    seen = json.loads(log.strip().splitlines()[-1])
+    assert printed, log
+    seen = json.loads(printed[0])
     assert seen["argv"][-len(HOSTILE) :] == HOSTILE
     assert [seen["env"][f"V{i}"] for i in range(len(HOSTILE))] == HOSTILE

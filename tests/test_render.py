@@ -126,7 +126,24 @@ def test_serve_shares_the_head_rays_temp_folder() -> None:
     for service in ("ray", "serve"):
         assert "shared-tmp:/tmp" in stack["services"][service]["volumes"]
     assert stack["services"]["serve"]["pid"] == "service:ray"
-    assert stack["volumes"] == {"shared-tmp": {}}
+    assert set(stack["volumes"]) == {"shared-tmp", stack["services"]["serve"]["volumes"][-1][:26]}
+
+
+def test_every_service_keeps_its_compile_caches_in_a_volume_named_by_image_and_model() -> None:
+    cluster = config.load(CASES / "sample.yaml")
+    stacks = render.node_stacks(cluster, "sample.yaml")
+    names = {stack.cache_volume for stack in stacks}
+    assert len(names) == 1  # one name; each node's engine keeps its own volume of that name
+    for stack in stacks:
+        for service in stack.services:
+            assert f"{stack.cache_volume}:/var/cache/vllm-compose" in service.volumes
+            assert service.environment["VLLM_CACHE_ROOT"] == "/var/cache/vllm-compose/vllm"
+    other_image = cluster.model_copy(update={"image": "vllm/vllm-openai:v0.11.0"})
+    other_model = cluster.model_copy(
+        update={"model": cluster.model.model_copy(update={"path": "/models/other"})}
+    )
+    for changed in (other_image, other_model):
+        assert render.node_stacks(changed, "sample.yaml")[0].cache_volume not in names
 
 
 def compose_config(folder: Path) -> dict[str, Any]:
@@ -263,7 +280,7 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
     escaped = [v.replace("$", "$$") for v in HOSTILE]
     for node, keys in (
         ("spark-1", {"name", "x-vllm-compose", "services", "volumes", "secrets", "configs"}),
-        ("spark-2", {"name", "x-vllm-compose", "services", "secrets", "configs"}),
+        ("spark-2", {"name", "x-vllm-compose", "services", "volumes", "secrets", "configs"}),
     ):
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys
