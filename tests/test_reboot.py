@@ -80,7 +80,8 @@ def test_power_cuts_of_both_nodes_then_each_alone_and_the_group_serves_again_by_
         assert ids([head, worker], backend) == before  # restarted, never recreated
         if cut == [worker]:
             said = str(head.docker.container.logs(f"{backend}-serve-1"))
-            assert "the group broke: 192.168.200.13:29510 started again" in said, said[-3000:]
+            # Down longer than the grace (10 s), or back sooner: either way the head left it.
+            assert "the group broke: 192.168.200.13:29510 " in said, said[-3000:]
 
 
 def test_down_then_a_power_cut_brings_nothing_back(pair: Pair) -> None:
