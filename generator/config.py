@@ -24,6 +24,7 @@ from generator.sections import (
     NAME,
     SECRET_FILE,
     TEXT,
+    Canary,
     Group,
     Model,
     Node,
@@ -34,6 +35,7 @@ from generator.sections import (
 )
 
 __all__ = [
+    "Canary",
     "Cluster",
     "Group",
     "Model",
@@ -78,6 +80,9 @@ class Cluster(Strict):
     ray: Ray = Field(default_factory=Ray, description="Ray settings (backend: ray).")
     group: Group = Field(
         default_factory=Group, description="How the nodes restart together (after a reboot too)."
+    )
+    canary: Canary = Field(
+        default_factory=Canary, description="What `upgrade` asks of the new group before it stays."
     )
     env: dict[
         Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192), TEXT]
@@ -149,9 +154,12 @@ def parse(text: str, source: str = "config") -> Cluster:
         raise ConfigError(source, validation.problems(e, Cluster, _PATTERN_HINTS)) from None
 
 
-def load(path: Path) -> Cluster:
+def read(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(path), [f"cannot read it: {e}"]) from None
-    return parse(text, str(path))
+
+
+def load(path: Path) -> Cluster:
+    return parse(read(path), str(path))

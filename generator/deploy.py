@@ -55,7 +55,15 @@ class Deployment:
     def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
         """A start phase that fails takes the whole group down again (a half-started group
         serves nothing and holds ports), unless `keep_on_failure`; the error names the cause."""
-        result, fleet = Result(), self.fleet
+        result = Result()
+        self.stage(result, checks)
+        self.start(result, keep_on_failure)
+        return result
+
+    def stage(self, result: Result, checks: bool = True) -> None:
+        """Everything before a start, none of which touches a running group: contexts, the
+        image on every node, the secrets, preflight."""
+        fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
@@ -63,19 +71,28 @@ class Deployment:
         self._phase(result, "secrets", self._secrets)
         if checks:
             self._phase(result, "preflight", self._preflight)
+
+    def start(self, result: Result, keep_on_failure: bool = False) -> None:
+        """The group's services in order, ready at its first real completion; on failure its
+        logs saved and the group taken down again, unless `keep_on_failure`."""
+        fleet = self.fleet
         try:
             self._start(result)
         except (VllmComposeError, DockerException) as e:
             fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
-                evidence.save_logs(fleet, self.logs, "rolling back")
-                fleet.report("rolling back: taking the group down on every node")
-                for node, outcome in fleet.down().items():
-                    fleet.report(f"rolled back on {node}: {outcome}")
+                self.take_down("rolling back", "rolled back")
             raise
         c = fleet.cluster
         result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
-        return result
+
+    def take_down(self, doing: str, done: str) -> None:
+        """The group's logs saved, then its containers removed on every node (volumes kept:
+        the compile caches, and the head's /tmp with Ray's session logs)."""
+        evidence.save_logs(self.fleet, self.logs, doing)
+        self.fleet.report(f"{doing}: taking the group down on every node")
+        for node, outcome in self.fleet.down(volumes=False).items():
+            self.fleet.report(f"{done} on {node}: {outcome}")
 
     def _images(self) -> dict[str, str]:
         try:

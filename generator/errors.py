@@ -5,6 +5,7 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 ├── OutputError             a rendered file could not be written
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
+├── RolledBack              an upgrade's new group failed; the stack before serves again
 └── ListedError             a headline and one line per finding
     ├── PreflightError      preflight checks failed
     ├── DriftError          the cluster no longer matches its lock
@@ -45,6 +46,11 @@ class ConfigError(VllmComposeError):
 
 class OutputError(VllmComposeError):
     pass
+
+
+class RolledBack(VllmComposeError):
+    def __init__(self, failed: str, when: str) -> None:
+        super().__init__(f"upgrade failed: {failed}; rolled back: the stack of {when} serves again")
 
 
 class DockerError(VllmComposeError):

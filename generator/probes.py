@@ -12,9 +12,16 @@ STARTING = "starting"
 EXITED = "exited with code"
 
 
+def supervisor_said(line: str) -> str | None:
+    """What the supervisor said in a log line, if it did: anywhere in the line, since a command
+    may end without a newline and the supervisor's line then follows on the same one."""
+    _, found, said = line.rpartition(SAID)
+    return said if found else None
+
+
 def exited(log: str) -> bool:
     """Does the supervisor's last line in `log` say its command exited by itself?"""
-    said = [line for line in log.splitlines() if line.startswith(SAID)]
+    said = [s for line in log.splitlines() if (s := supervisor_said(line)) is not None]
     return bool(said) and EXITED in said[-1]
 
 
@@ -28,6 +35,12 @@ def serve(port: int, model: str, timeout: float | None = None) -> list[str]:
     """Healthy when a real completion (max_tokens 1) comes back."""
     cmd = [HEALTH, "serve", "--port", str(port), "--model", model]
     return [*cmd, "--timeout", f"{timeout:g}"] if timeout is not None else cmd
+
+
+def golden(port: int, model: str, prompt: str, expect: str, max_tokens: int) -> list[str]:
+    """Healthy when the golden prompt's answer (temperature 0) contains a match of `expect`."""
+    cmd = [HEALTH, "serve", "--port", str(port), "--model", model, "--prompt", prompt]
+    return [*cmd, "--expect", expect, "--max-tokens", str(max_tokens), "--timeout", "120"]
 
 
 def metrics(port: int) -> list[str]:

@@ -114,7 +114,7 @@ class Watched:
         """One line of the followed log (None: it ended, the container stopped)."""
         if line is None or STARTED in line:
             self.started = True
-        elif line.startswith(probes.SAID) and probes.EXITED in line:
+        elif probes.EXITED in (probes.supervisor_said(line) or ""):
             raise failure(
                 self.fleet, self.node, self.phase, f"{self.service} stopped", service=self.service
             )

@@ -1,11 +1,13 @@
-"""The sections of the cluster config: a node, the model, vLLM, Ray, the group and secrets."""
+"""The sections of the cluster config: a node, the model, vLLM, Ray, the group, secrets and the
+upgrade's canary."""
 
 from __future__ import annotations
 
+import re
 from ipaddress import IPv4Address
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 IFNAME = r"^[A-Za-z0-9_.:-]{1,15}$"
@@ -182,3 +184,34 @@ class Group(Strict):
         le=600,
         description="Seconds a node may not answer before the others leave the group to re-form.",
     )
+
+
+class Canary(Strict):
+    prompt: Annotated[str, TEXT] | None = Field(
+        default=None,
+        max_length=4096,
+        description="A golden prompt `upgrade` sends (temperature 0) after the new group's first "
+        "completion; the upgrade rolls back unless the answer matches `expect`.",
+    )
+    expect: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Regular expression the golden prompt's answer must contain a match of.",
+    )
+    max_tokens: int = Field(default=16, ge=1, le=4096, description="Tokens the answer may have.")
+
+    @field_validator("expect")
+    @classmethod
+    def _expect_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> Canary:
+        if (self.prompt is None) != (self.expect is None):
+            raise ValueError("set both prompt and expect, or neither")
+        return self

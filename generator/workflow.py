@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from generator import config, lock, output, render, secrets, stamps
+from generator import config, history, lock, output, render, secrets, stamps
 from generator.deploy import Deployment, Timeouts
 from generator.errors import DriftError
 from generator.fanout import Report
@@ -37,6 +37,7 @@ class Opened:
     secrets: secrets.Local | None
     plan: Plan
     deployment: Deployment
+    config_text: str  # as read: what history records once the stack serves
 
     @property
     def fleet(self) -> Fleet:
@@ -92,16 +93,23 @@ def opened(
     update_lock: bool = False,
     with_secrets: bool = False,
     timeouts: Timeouts | None = None,
+    entry: history.Entry | None = None,
 ) -> Iterator[Opened]:
     """The config opened for a command. `update_lock`: re-lock from the head first, accepting
     drift. `with_secrets`: the secret files beside the config (the defaults generated when
     missing) go into the node folders and onto the nodes. Without it the command only reads, and
-    its compose files live in a temporary folder for as long as it runs."""
-    cluster = config.load(path)
+    its compose files live in a temporary folder for as long as it runs. `entry`: the config and
+    lock of a stack that served before (history.py), in place of the config file's."""
+    text = entry.config_text if entry else config.read(path)
+    cluster = config.parse(text, str(path))
     found = secrets.local(path, cluster) if with_secrets else None
     if update_lock and found:
         relock(path, cluster, outdir, report, found)
-    cluster, locked = pinned(path, cluster, strict)
+    if entry:
+        locked = entry.locked
+        cluster = lock.pinned(cluster, locked) if locked else cluster
+    else:
+        cluster, locked = pinned(path, cluster, strict)
     with contextlib.ExitStack() as stack:
         folder = outdir
         if not with_secrets:
@@ -114,4 +122,4 @@ def opened(
         deployment = Deployment(
             fleet, locked, lock.path_for(path), update_lock, logs, stamped, timeouts or Timeouts()
         )
-        yield Opened(cluster, locked, found, rendered, deployment)
+        yield Opened(cluster, locked, found, rendered, deployment, text)

@@ -3,8 +3,9 @@
 
 ray --address HOST:PORT --expect IP[,IP...] [--gpus N]
     healthy when every expected IP is an alive Ray node and the cluster has at least N GPUs
-serve --port P --model NAME
-    healthy when a real completion (max_tokens 1) comes back: /health stays 200 with a dead engine
+serve --port P --model NAME [--prompt TEXT --expect REGEX [--max-tokens N]]
+    healthy when a real completion (max_tokens 1) comes back: /health stays 200 with a dead engine;
+    with a golden prompt, when its answer at temperature 0 contains a match of REGEX
 nodes --address HOST:PORT
     prints the alive Ray nodes as JSON: {"IP": GPUs}
 slots --address HOST:PORT
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -55,19 +57,29 @@ QUIET = ("nodes", "slots", "metrics", "facts", "manifest", "send", "receive", "s
 
 
 def check_serve(args: argparse.Namespace) -> str | None:
-    body = json.dumps({"model": args.model, "prompt": "ping", "max_tokens": 1}).encode()
+    golden = args.prompt is not None
+    request = {"model": args.model, "prompt": args.prompt if golden else "ping", "max_tokens": 1}
+    if golden:
+        request.update(max_tokens=args.max_tokens, temperature=0)
     headers = {"Content-Type": "application/json"}
     if os.path.exists(API_KEY):  # the serve container's secret; never on a command line
         with open(API_KEY) as f:
             headers["Authorization"] = f"Bearer {f.read().strip()}"
     url = f"http://127.0.0.1:{args.port}/v1/completions"
-    request = urllib.request.Request(url, data=body, headers=headers)
+    body = json.dumps(request).encode()
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=body, headers=headers), timeout=args.timeout
+        ) as response:
             choices = json.load(response).get("choices")
     except (OSError, urllib.error.URLError, ValueError) as e:
         return f"completion at {url} failed: {e}"
-    return None if choices else f"completion at {url} returned no choices"
+    if not choices:
+        return f"completion at {url} returned no choices"
+    text = str(choices[0].get("text", ""))
+    if golden and not re.search(args.expect, text):
+        return f"the golden prompt's answer {text[:200]!r} does not match {args.expect!r}"
+    return None
 
 
 def wait_for(args: argparse.Namespace) -> str | None:
@@ -115,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--model", required=True)
     serve.add_argument("--timeout", type=float, default=30)
+    serve.add_argument("--prompt", help="a golden prompt, sent at temperature 0")
+    serve.add_argument("--expect", default="", help="regex its answer must contain a match of")
+    serve.add_argument("--max-tokens", type=int, default=16)
     for name in ("nodes", "slots"):
         sub.add_parser(name).add_argument("--address", required=True)
     sub.add_parser("metrics").add_argument("--port", type=int, required=True)

@@ -136,3 +136,14 @@ def test_a_command_that_exits_is_started_again_after_a_back_off(
     eventually(lambda: failing.count() == 2, 10)
     failing.stop()
     assert failing.proc.returncode == 0
+
+
+def test_up_reads_the_supervisors_last_line_even_glued_to_the_commands_last_output() -> None:
+    from generator import probes
+
+    started = "vllm-compose: starting vllm (start 8a36)\nINFO loading"
+    assert not probes.exited(started)
+    glued = "See https://nanobind.readthedocs.io/en/latest/refleaks.htmlvllm-compose: vllm exited"
+    assert probes.exited(f"{started}\n{glued} with code 0 after 24 s; starting it again in 5 s (1)")
+    again = "vllm-compose: vllm exited with code 1 after 3 s; ...\nvllm-compose: starting vllm"
+    assert not probes.exited(again)

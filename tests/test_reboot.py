@@ -74,14 +74,20 @@ def test_power_cuts_of_both_nodes_then_each_alone_and_the_group_serves_again_by_
     assert cli("up", path, cwd=tmp).returncode == 0
     key, before = clusters.api_key(path), ids([head, worker], backend)
     for cut in ([head, worker], [worker], [head]):
+        starts = serve_starts(head, backend)
         power_cut(bed, cut)
         took = serving_again(worker, key)
         print(f"{backend}: power cut of {', '.join(n.name for n in cut)}: serving in {took:.0f} s")
         assert ids([head, worker], backend) == before  # restarted, never recreated
-        if cut == [worker]:
-            said = str(head.docker.container.logs(f"{backend}-serve-1"))
-            # Down longer than the grace (10 s), or back sooner: either way the head left it.
-            assert "the group broke: 192.168.200.13:29510 " in said, said[-3000:]
+        # The head's serve never outlives a cut: after the worker's alone it started again too
+        # (it saw the group break, or vLLM exited when its peer's connection closed).
+        assert serve_starts(head, backend) > starts
+
+
+def serve_starts(head: Node, project: str) -> int:
+    """How often the supervisor in the head's serve has started vLLM so far."""
+    log = str(head.docker.container.logs(f"{project}-serve-1"))
+    return log.count("vllm-compose: starting vllm (start ")
 
 
 def test_down_then_a_power_cut_brings_nothing_back(pair: Pair) -> None:

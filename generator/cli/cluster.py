@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from generator import checks as checking
-from generator import observe, workflow
+from generator import history, observe, workflow
 from generator import preflight as preflight_checks
 from generator import watch as watching
 from generator.cli.app import (
@@ -30,6 +30,7 @@ from generator.cli.app import (
     out,
 )
 from generator.cli.files import locked
+from generator.cli.release import served
 from generator.deploy import Timeouts
 from generator.errors import DockerError, VllmComposeError
 
@@ -72,10 +73,8 @@ def up(
     if update_lock and opened.locked:
         locked(opened.locked, path)
     result = opened.deployment.up(checks=not skip_preflight, keep_on_failure=keep_on_failure)
-    for node, what in result.images.items():
-        out.print(f"image on {node}: {what}")
-    out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
-    out.print(f"ready: {result.endpoint}")
+    history.record(path, opened.config_text, opened.locked)
+    served(result)
     if and_watch:
         policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
         _watch(opened, policy)

@@ -173,3 +173,8 @@ def leftovers(node: Node, project: str) -> list[str]:
         *(f"volume {v.name}" for v in volumes),
         *(f"network {n.name}" for n in networks),
     ]
+
+
+def uncached(found: list[str]) -> list[str]:
+    """`leftovers` less the compile caches' volumes, which outlive every removal but `down`."""
+    return [item for item in found if "_compile-cache-" not in item]

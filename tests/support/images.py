@@ -246,3 +246,26 @@ def tiny_model(docker: DockerClient) -> Path:
         subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
         partial.rename(model)
     return model
+
+
+# vLLM as it runs on GPUs, where torch.compile is on: a C++ compiler and Python's headers for
+# Inductor's CPU kernels, TORCHDYNAMO_DISABLE off. Used where a compile cache matters (the warm
+# restart benchmark and the cache tests); the other tests start eagerly, in seconds.
+COMPILE_DOCKERFILE = """\
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends g++ python3-dev \\
+    && rm -rf /var/lib/apt/lists/*
+ENV TORCHDYNAMO_DISABLE=0
+"""
+VLLM_COMPILE = f"{VLLM}-compile-" + hashlib.sha256(COMPILE_DOCKERFILE.encode()).hexdigest()[:8]
+
+
+def vllm_compile_base(docker: DockerClient) -> str:
+    """The test vLLM image with torch.compile on (built once; apt reaches Debian's packages)."""
+    base = vllm_base(docker)
+    if not docker.image.exists(VLLM_COMPILE):
+        with tempfile.TemporaryDirectory() as context:
+            (Path(context) / "Dockerfile").write_text(COMPILE_DOCKERFILE.format(base=base))
+            print(f"docker build {VLLM_COMPILE} (g++ and python3-dev from Debian; a minute)")
+            docker.legacy_build(context, tags=[VLLM_COMPILE])
+    return VLLM_COMPILE

@@ -1,0 +1,52 @@
+"""Commands that change a serving group with a way back: upgrade and rollback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from generator import upgrade as upgrading
+from generator import workflow
+from generator.cli.app import ConfigArg, OutdirOpt, app, out, progress, show
+from generator.deploy import Result
+
+
+def _opener(outdir: Path | None) -> upgrading.Open:
+    @contextlib.contextmanager
+    def open_(path: Path, **how: Any) -> Iterator[workflow.Opened]:
+        with workflow.opened(path, outdir, progress, **how) as opened:
+            show(opened)
+            yield opened
+
+    return open_
+
+
+def report(switched: upgrading.Switched) -> None:
+    served(switched.result)
+    out.print(f"downtime: {switched.downtime:.1f}s (old group stopped -> new group answered)")
+    out.print(f"recorded: {switched.entry.folder}")
+
+
+def served(result: Result) -> None:
+    for node, what in result.images.items():
+        out.print(f"image on {node}: {what}")
+    out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
+    out.print(f"ready: {result.endpoint}")
+
+
+@app.command()
+def upgrade(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Move the serving group to the changed config. Staged while the old group serves (re-lock,
+    image on every node, secrets, preflight); then the old group stops and the new one starts
+    behind its gate and the config's golden prompt (canary). If it fails, the stack that served
+    before starts again by itself. Each stack that served is kept in CONFIG-STEM.history/."""
+    report(upgrading.upgrade(path, _opener(outdir)))
+
+
+@app.command()
+def rollback(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """Start the stack that served before the one that serves now (from CONFIG-STEM.history/),
+    and put its lock back; the config file is left as it is."""
+    report(upgrading.rollback(path, _opener(outdir)))

@@ -1,0 +1,102 @@
+"""`upgrade` and `rollback` with real vLLM (native backend) on the emulated pair: a staging
+failure never touches the serving group; a new base image whose vLLM fails at start, and a new
+config whose golden prompt gets the wrong answer, both roll back by themselves and the old stack
+answers; a good upgrade serves, and `rollback` goes back to the stack before it."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import Node, Testbed
+from tests.test_e2e import config
+from tests.test_reboot import answers
+
+pytestmark = pytest.mark.testbed
+
+BROKEN = "vllm-compose-test/vllm-broken:1"  # vLLM that fails at start (TEST-ONLY image)
+
+
+@pytest.fixture
+def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    yield vllm_testbed, tmp_path
+    clusters.clean(vllm_testbed, tmp_path)
+
+
+def broken_image(bed: Testbed, base: str) -> str:
+    """The test vLLM image with a `vllm` that exits at start the way a bad build does."""
+    with tempfile.TemporaryDirectory() as context:
+        script = Path(context) / "vllm"
+        script.write_text(
+            "#!/bin/sh\necho 'RuntimeError: this vLLM build cannot start on this node' >&2\n"
+            "exit 1\n"
+        )
+        script.chmod(0o755)
+        (Path(context) / "Dockerfile").write_text(f"FROM {base}\nCOPY vllm /usr/local/bin/vllm\n")
+        DockerClient().legacy_build(context, tags=[BROKEN])
+    bed.load_image(BROKEN, nodes=bed.nodes[:2])
+    return BROKEN
+
+
+def serving_ids(bed: Testbed) -> list[str]:
+    return [c.id for n in bed.nodes[:2] for c in clusters.containers(n, "upg").values()]
+
+
+def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: Pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "upg", "native")
+    good = path.read_text()
+    assert cli("up", path, cwd=tmp, timeout=600).returncode == 0
+    key, lock_file = clusters.api_key(path), tmp / "upg.lock.json"
+    before, first_lock = serving_ids(bed), lock_file.exists() and lock_file.read_text()
+
+    # Staging fails (no such image anywhere): the old group is never touched.
+    path.write_text(good.replace(f"image: {images.VLLM}", "image: nowhere/none:1"))
+    staged = cli("upgrade", path, cwd=tmp, timeout=600)
+    assert staged.returncode != 0 and "switch:" not in staged.stderr, staged.stderr
+    assert serving_ids(bed) == before and answers(worker, key)
+    assert (lock_file.exists() and lock_file.read_text()) == first_lock
+
+    # The new image's vLLM fails at start: rolled back, the old stack answers.
+    path.write_text(good.replace(images.VLLM, broken_image(bed, images.VLLM)))
+    failed = cli("upgrade", path, cwd=tmp, timeout=900)
+    assert failed.returncode == 1, failed.stderr
+    said = failed.stderr.strip().splitlines()[-1]
+    assert said.startswith(
+        "upgrade failed: node 'spark1': serve stopped: RuntimeError: this vLLM"
+    ), said
+    assert "; rolled back: the stack of " in said and said.endswith(" serves again")
+    assert answers(worker, key)
+    assert (lock_file.exists() and lock_file.read_text()) == first_lock
+
+    # A golden prompt whose answer cannot match: rolled back too.
+    never = good + "canary: {prompt: 'Hello', expect: '^never this$'}\n"
+    path.write_text(never.replace("max_model_len: 256", "max_model_len: 200"))
+    wrong = cli("upgrade", path, cwd=tmp, timeout=900)
+    assert wrong.returncode == 1, wrong.stderr
+    assert "does not match '^never this$'; rolled back" in wrong.stderr, wrong.stderr
+    assert answers(worker, key)
+
+    # A good upgrade (any answer matches), then rollback to the stack before it.
+    path.write_text(good.replace("max_model_len: 256", "max_model_len: 200")
+                    + "canary: {prompt: 'Hello', expect: '(?s).'}\n")  # fmt: skip
+    upgraded = cli("upgrade", path, cwd=tmp, timeout=900)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "downtime: " in upgraded.stdout and answers(worker, key)
+    assert max_model_len(head) == 200
+    back = cli("rollback", path, cwd=tmp, timeout=900)
+    assert back.returncode == 0, back.stderr
+    assert answers(worker, key) and max_model_len(head) == 256
+    assert len(list((tmp / "upg.history").iterdir())) == 3  # up, upgrade, rollback
+
+
+def max_model_len(node: Node) -> int:
+    command = node.docker.container.inspect("upg-serve-1").config.cmd or []
+    return int(command[command.index("--max-model-len") + 1])
