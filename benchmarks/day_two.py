@@ -11,8 +11,8 @@ compile cache matters as it does on GPUs), TP=2 over two emulated nodes. Ratios:
 - watch recovery / cold start: the worker's serve or Ray container killed, to serving again;
 - upgrade downtime / warm start: `upgrade` to a changed vLLM argument (same image: warm caches),
   its own figure of old group stopped to new group answering;
-- reboot / cold start: both nodes' engines stopped and started again, from the engines back to
-  serving again.
+- reboot / cold start: both nodes' power cut (engines and containers killed at once), from the
+  engines back to serving again.
 """
 
 from __future__ import annotations
@@ -126,8 +126,7 @@ def main() -> None:
         said = tool("upgrade", config)
         figures["upgrade"] = float(re.search(r"^downtime: ([\d.]+)s", said, re.M).group(1))  # type: ignore[union-attr]
         print(f"upgrade downtime {figures['upgrade']:.1f} s", flush=True)
-        for node in (head, worker):
-            bed.stop_engine(node)
+        bed.power_cut([head, worker])
         for node in (head, worker):
             bed.start_engine(node)
         figures["reboot"] = serving(str(head.ip), clusters.api_key(config))

@@ -1,5 +1,5 @@
-"""Power cuts on the emulated nodes (each node's engine stopped, so its containers die, then
-started again), with real vLLM on both backends: the group serves again with no command run, a
+"""Power cuts on the emulated nodes (each node's engine and every process of its containers
+killed at once, then the engine started again), with real vLLM on both backends: the group serves again with no command run, a
 node that restarts alone makes the whole group start again together, and `down` stays final."""
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def serving_again(node: Node, key: str) -> float:
 
 
 def power_cut(bed: Testbed, nodes: list[Node]) -> None:
-    for node in nodes:
-        bed.stop_engine(node)
+    """Power lost (engines and containers killed at once), then back."""
+    bed.power_cut(nodes)
     for node in nodes:
         bed.start_engine(node)
 

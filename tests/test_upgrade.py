@@ -70,7 +70,7 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert failed.returncode == 1, failed.stderr
     said = failed.stderr.strip().splitlines()[-1]
     assert said.startswith(
-        "upgrade failed: node 'spark1': serve stopped: RuntimeError: this vLLM"
+        "upgrade failed: node 'spark1': phase 'serve' failed: serve stopped: RuntimeError: this vLLM"
     ), said
     assert "; rolled back: the stack of " in said and said.endswith(" serves again")
     assert answers(worker, key)

@@ -1,0 +1,74 @@
+"""The compile caches' volume with real vLLM compiling (torch.compile on, the compile-enabled test
+image): it survives a recreate, whose start then loads vLLM's compiled graph instead of compiling
+it; another vLLM image gets a volume of its own and compiles afresh."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import MODELS, Node, Testbed
+
+pytestmark = pytest.mark.testbed
+
+COMPILED = "Compiling a graph for"  # vLLM compiled (no usable cache)
+LOADED = "Directly load the compiled graph"  # vLLM found its compiled graph in the cache
+VLLM = "{port: 30000, max_model_len: 256, startup_timeout: 900, args: [--dtype, float32]}"
+
+
+@pytest.fixture
+def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    image = images.vllm_compile_base(DockerClient())
+    vllm_testbed.load_image(image, nodes=vllm_testbed.nodes[:2])
+    yield vllm_testbed, tmp_path
+    clusters.clean(vllm_testbed, tmp_path)
+
+
+def another_vllm(bed: Testbed) -> str:
+    """The same vLLM under another image ID, as a rebuilt or upgraded image would be."""
+    other = "vllm-compose-test/vllm-compile-other:1"
+    with tempfile.TemporaryDirectory() as context:
+        dockerfile = f"FROM {images.VLLM_COMPILE}\nLABEL test.rebuilt=1\n"
+        (Path(context) / "Dockerfile").write_text(dockerfile)
+        DockerClient().legacy_build(context, tags=[other])
+    bed.load_image(other, nodes=bed.nodes[:2])
+    return other
+
+
+def caches(node: Node) -> list[str]:
+    found = node.docker.volume.list(filters=[("label", "com.docker.compose.project=warm")])
+    return sorted(v.name for v in found if "_compile-cache-" in v.name)
+
+
+def serve_log(node: Node) -> str:
+    return str(node.docker.container.logs("warm-serve-1"))
+
+
+def test_the_compile_cache_survives_a_recreate_and_another_vllm_starts_empty(pair: Pair) -> None:
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = clusters.write_config(tmp / "warm.yaml", "warm", [head, worker], images.VLLM_COMPILE,
+                                 backend="native", model=f"{MODELS}/{images.MODEL}", vllm=VLLM)  # fmt: skip
+    assert cli("up", path, cwd=tmp, timeout=1200).returncode == 0
+    assert COMPILED in serve_log(head), serve_log(head)[-3000:]
+    first = caches(head)
+    assert len(first) == 1 and caches(worker) == first
+
+    for node in (head, worker):  # a recreate: the containers go, the volumes stay
+        node.docker.container.remove(list(clusters.containers(node, "warm").values()), force=True)
+    assert cli("up", path, cwd=tmp, timeout=1200).returncode == 0
+    log = serve_log(head)
+    assert LOADED in log and COMPILED not in log, log[-3000:]
+    assert caches(head) == first
+
+    path.write_text(path.read_text().replace(images.VLLM_COMPILE, another_vllm(bed)))
+    assert cli("up", path, cwd=tmp, timeout=1200).returncode == 0
+    log = serve_log(head)
+    assert COMPILED in log and LOADED not in log, log[-3000:]
+    assert len(caches(head)) == 2 and first[0] in caches(head)  # the old one kept, not reused
