@@ -60,6 +60,7 @@ class Member:
     incarnation: str = ""
     joined: str = ""  # the root's incarnation this member follows (its own, for the root)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)  # SIGTERM or SIGINT came
 
     def published(self) -> bytes:
         with self.lock:
@@ -82,10 +83,8 @@ def ask(peer: tuple[str, int]) -> tuple[str, str] | None:
     return (words[0], words[1]) if len(words) == 2 else None
 
 
-def serve_incarnation(member: Member) -> None:
+def serve_incarnation(member: Member, server: socket.socket) -> None:
     """Answer every connection with this member's incarnation and joined root; forever."""
-    assert member.listen is not None
-    server = socket.create_server(member.listen, reuse_port=False)
     while True:
         conn, _ = server.accept()
         with conn:
@@ -95,14 +94,17 @@ def serve_incarnation(member: Member) -> None:
                 continue
 
 
-def wait_until(what: str, ready: Callable[[], bool]) -> None:
-    """Call `ready` every POLL seconds until it returns true; a progress line every 30 s."""
+def wait_until(member: Member, what: str, ready: Callable[[], bool]) -> bool:
+    """Call `ready` every POLL seconds until it returns true (a progress line every 30 s);
+    False when the member is told to stop first."""
     start = said = time.monotonic()
     while not ready():
         if time.monotonic() - said >= 30:
             say(f"waiting for {what} ({time.monotonic() - start:.0f} s)")
             said = time.monotonic()
-        time.sleep(POLL)
+        if member.stopping.wait(POLL):
+            return False
+    return True
 
 
 def form(member: Member) -> dict[tuple[str, int], str]:
@@ -110,14 +112,18 @@ def form(member: Member) -> dict[tuple[str, int], str]:
     group = member.incarnation
     if member.root:
         root = member.root
-        wait_until(f"the head at {_name(root)}", lambda: ask(root) is not None)
+        if not wait_until(member, f"the head at {_name(root)}", lambda: ask(root) is not None):
+            return {}
         answer = ask(root)
         group = answer[0] if answer else ""
     with member.lock:
         member.joined = group
     if member.wait_for:
         target = member.wait_for
-        wait_until(f"{_name(target)} to accept connections", lambda: _reachable(target))
+        if not wait_until(
+            member, f"{_name(target)} to accept connections", lambda: _reachable(target)
+        ):
+            return {}
     seen: dict[tuple[str, int], str] = {}
 
     def all_joined() -> bool:
@@ -129,7 +135,7 @@ def form(member: Member) -> dict[tuple[str, int], str]:
 
     if member.members:
         names = ", ".join(_name(p) for p in member.members)
-        wait_until(f"every member to join ({names})", all_joined)
+        wait_until(member, f"every member to join ({names})", all_joined)
     return seen
 
 
@@ -155,7 +161,7 @@ def broken(member: Member, seen: dict[tuple[str, int], str], silent: dict[str, f
 
 def run(member: Member, command: list[str]) -> int:
     """Start `command` in the group, again and again; returns only on SIGTERM or SIGINT."""
-    stopping = threading.Event()
+    stopping = member.stopping
     child: list[subprocess.Popen[bytes]] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -165,8 +171,8 @@ def run(member: Member, command: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if member.listen:
-        threading.Thread(target=serve_incarnation, args=(member,), daemon=True).start()
+    if member.listen and not _listening(member, member.listen):
+        return 1
     failures = 0
     while not stopping.is_set():
         with member.lock:
@@ -178,7 +184,7 @@ def run(member: Member, command: list[str]) -> int:
         say(f"{STARTING} {command[0]} (start {member.incarnation})")
         proc = subprocess.Popen(command, start_new_session=True)
         child[:] = [proc]
-        why = _supervise(member, proc, seen, stopping)
+        why = _supervise(member, proc, seen)
         child.clear()
         if stopping.is_set():
             return proc.wait()
@@ -191,6 +197,17 @@ def run(member: Member, command: list[str]) -> int:
     return 0
 
 
+def _listening(member: Member, listen: tuple[str, int]) -> bool:
+    """Publish this member's incarnation on `listen`, from a thread; False (said) if it cannot."""
+    try:
+        server = socket.create_server(listen)
+    except OSError as e:
+        say(f"cannot listen on {_name(listen)} (the config's group.port): {e}")
+        return False
+    threading.Thread(target=serve_incarnation, args=(member, server), daemon=True).start()
+    return True
+
+
 def _back_off(name: str, code: int, ran: float, failures: int) -> int:
     """Say the command exited by itself; the count of failures in a row, this one included."""
     failures = 1 if ran >= STEADY else failures + 1
@@ -200,12 +217,11 @@ def _back_off(name: str, code: int, ran: float, failures: int) -> int:
 
 
 def _supervise(
-    member: Member, proc: subprocess.Popen[bytes], seen: dict[tuple[str, int], str],
-    stopping: threading.Event,
-) -> str:  # fmt: skip
+    member: Member, proc: subprocess.Popen[bytes], seen: dict[tuple[str, int], str]
+) -> str:
     """Watch the group while the command runs: why it broke, or '' when the command ended."""
     silent: dict[str, float] = {}
-    while proc.poll() is None and not stopping.is_set():
+    while proc.poll() is None and not member.stopping.is_set():
         why = broken(member, seen, silent)
         if why:
             return why

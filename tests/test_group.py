@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -147,3 +148,27 @@ def test_up_reads_the_supervisors_last_line_even_glued_to_the_commands_last_outp
     assert probes.exited(f"{started}\n{glued} with code 0 after 24 s; starting it again in 5 s (1)")
     again = "vllm-compose: vllm exited with code 1 after 3 s; ...\nvllm-compose: starting vllm"
     assert not probes.exited(again)
+
+
+def test_sigterm_while_waiting_for_the_group_stops_at_once(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    waiting = Supervised(tmp_path, "waiting", {"VLLM_COMPOSE_GROUP_ROOT": f"127.0.0.1:{PORT}"})
+    started.append(waiting)
+    time.sleep(1)
+    began = time.monotonic()
+    waiting.proc.send_signal(signal.SIGTERM)
+    assert waiting.proc.wait(10) == 0
+    assert time.monotonic() - began < 3 and waiting.count() == 0
+
+
+def test_a_port_taken_by_another_process_is_said_and_the_supervisor_exits(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    with socket.create_server(("127.0.0.1", PORT)):
+        taken = Supervised(tmp_path, "taken", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"})
+        started.append(taken)
+        assert taken.proc.wait(10) == 1
+    assert (
+        f"cannot listen on 127.0.0.1:{PORT} (the config's group.port)" in taken.output.read_text()
+    )

@@ -14,7 +14,6 @@ import pytest
 from tests.support import clusters
 from tests.support.clusters import Pair, cli
 from tests.support.testbed import Node, Testbed
-from tests.test_by_hand import compose, done
 from tests.test_e2e import MODEL, VLLM, VLLM_RAY, config
 
 pytestmark = pytest.mark.testbed
@@ -100,27 +99,3 @@ def test_down_then_a_power_cut_brings_nothing_back(pair: Pair) -> None:
     time.sleep(5)  # what a restart policy would start, the engine starts as it comes up
     assert clusters.leftovers(head, "gone") == [] and clusters.leftovers(worker, "gone") == []
     assert not head.docker.container.list() and not worker.docker.container.list()
-
-
-def test_a_command_that_keeps_failing_backs_off(pair: Pair) -> None:
-    """vLLM refusing its arguments: `up` names it at the first exit; started by hand, the
-    supervisor starts it again after 5 s, then 10 s (the container stays up meanwhile)."""
-    bed, tmp = pair
-    head = bed.nodes[0]
-    bad = VLLM.replace("--enforce-eager]", "--enforce-eager, --no-such-flag]")
-    path = config(tmp, bed, "bad", "native", bad)
-    upping = cli("up", path, cwd=tmp)
-    assert upping.returncode != 0
-    assert "serve stopped" in upping.stderr, upping.stderr
-    assert cli("render", path, cwd=tmp).returncode == 0
-    for node in bed.nodes[:2]:
-        done(compose(node, tmp / "compose/bad" / node.name, "up", "-d"))
-    deadline = time.monotonic() + 120
-    said: list[str] = []
-    while time.monotonic() < deadline and len(said) < 2:
-        log = str(head.docker.container.logs("bad-serve-1"))
-        said = [line for line in log.splitlines() if "exited with code" in line]
-        time.sleep(2)
-    assert len(said) >= 2, said
-    assert "starting it again in 5 s (1)" in said[0] and "starting it again in 10 s (2)" in said[1]
-    assert head.docker.container.inspect("bad-serve-1").state.running
