@@ -6,6 +6,7 @@ fails, the stack that served before (history.py) is started again and the lock p
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -41,15 +42,14 @@ def upgrade(path: Path, open_: Open) -> Switched:
             hint=f"start it with: vllm-compose up {path}",
         )
     result = Result()
-    try:
-        with open_(path, update_lock=True, with_secrets=True) as staged:
+    with contextlib.ExitStack() as stack:
+        try:  # re-lock and render (opening), then stage: the old group serves on meanwhile
+            staged = stack.enter_context(open_(path, update_lock=True, with_secrets=True))
             staged.deployment.stage(result)
-            return _switch(path, staged, result, previous, open_)
-    except RolledBack:
-        raise
-    except (VllmComposeError, DockerException):  # staging failed: the old group never stopped
-        _restore_files(path, previous, open_)
-        raise
+        except (VllmComposeError, DockerException):
+            _restore_files(path, previous, open_)
+            raise
+        return _switch(path, staged, result, previous, open_)
 
 
 def rollback(path: Path, open_: Open) -> Switched:
