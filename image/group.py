@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-POLL = 1.0  # seconds between looks at the root and members
+POLL = 1.0  # seconds between looks at the root and members while the command runs
+FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
 CONNECT = 1.0  # seconds a look may take
 STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is killed
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
@@ -95,14 +96,14 @@ def serve_incarnation(member: Member, server: socket.socket) -> None:
 
 
 def wait_until(member: Member, what: str, ready: Callable[[], bool]) -> bool:
-    """Call `ready` every POLL seconds until it returns true (a progress line every 30 s);
+    """Call `ready` every FORM_POLL seconds until it returns true (a progress line every 30 s);
     False when the member is told to stop first."""
     start = said = time.monotonic()
     while not ready():
         if time.monotonic() - said >= 30:
             say(f"waiting for {what} ({time.monotonic() - start:.0f} s)")
             said = time.monotonic()
-        if member.stopping.wait(POLL):
+        if member.stopping.wait(FORM_POLL):
             return False
     return True
 

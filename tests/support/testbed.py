@@ -396,10 +396,15 @@ class Testbed:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+        ours = self.engines.get(node.name)  # a child of ours: /proc keeps it until reaped
+
+        def alive() -> bool:
+            return ours.poll() is None if ours else Path(f"/proc/{pid}").exists()
+
         deadline = time.monotonic() + 60  # its containers get 30 s to stop
-        while wait and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while wait and alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        if Path(f"/proc/{pid}").exists():
+        if alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if node.name in self.engines:
