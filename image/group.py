@@ -37,6 +37,9 @@ POLL = 1.0  # seconds between looks at the root and members while the command ru
 FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
 CONNECT = 1.0  # seconds a look may take
 STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is killed
+# The same when the group broke: a rank whose peer is gone often hangs in a collective and
+# ignores SIGTERM; the rest of the group waits for it to go.
+BREAK_GRACE = 5
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
 STEADY = 300  # seconds of running after which a command's exit counts as its first failure
 # The lines `up` reads (generator/probes.py has the same words): the command started, and the
@@ -191,7 +194,7 @@ def run(member: Member, command: list[str]) -> int:
             return proc.wait()
         if why:
             say(f"the group broke: {why}; stopping {command[0]} to start it with the group again")
-            _stop(proc, signal.SIGTERM)
+            _stop(proc, signal.SIGTERM, BREAK_GRACE)
             continue
         failures = _back_off(command[0], proc.returncode, time.monotonic() - started, failures)
         stopping.wait(min(BACKOFF[1], BACKOFF[0] * 2 ** (failures - 1)))
@@ -233,11 +236,11 @@ def _supervise(
     return ""
 
 
-def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
-    """Signal the command's whole process group; kill it after STOP_GRACE seconds."""
+def _stop(proc: subprocess.Popen[bytes], signum: int, grace: float = STOP_GRACE) -> None:
+    """Signal the command's whole process group; kill it after `grace` seconds."""
     try:
         os.killpg(proc.pid, signum)
-        proc.wait(STOP_GRACE)
+        proc.wait(grace)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
