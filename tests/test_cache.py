@@ -17,8 +17,8 @@ from tests.support.testbed import MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
 
-COMPILED = "Compiling a graph for"  # vLLM compiled (no usable cache)
-LOADED = "Directly load the compiled graph"  # vLLM found its compiled graph in the cache
+COMPILED = "saved AOT compiled function to"  # vLLM compiled (no usable cache) and saved it
+LOADED = "Directly load AOT compilation from path"  # vLLM found its compiled model in the cache
 VLLM = "{port: 30000, max_model_len: 256, startup_timeout: 900, args: [--dtype, float32]}"
 
 
