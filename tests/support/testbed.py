@@ -228,11 +228,18 @@ class Testbed:
         for node in nodes:  # first the engines, which would restart what dies below
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(Path(node.pidfile).read_text()), signal.SIGKILL)
+        for node in nodes:  # and the engine's containerd, which outlives a killed dockerd
+            with contextlib.suppress(OSError, ValueError):
+                containerd = Path(f"/run/{node.netns}-exec/containerd/containerd.pid")
+                pids.append(int(containerd.read_text()))
         for pid in pids:  # each container's init: the kernel kills the rest of its namespace
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for node in nodes:
             self._signal_engine(node, signal.SIGKILL, wait=True)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def start_engine(self, node: Node) -> None:
         self._engine_up(node)
