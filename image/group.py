@@ -99,12 +99,13 @@ def serve_incarnation(member: Member, server: socket.socket) -> None:
 
 
 def wait_until(member: Member, what: str, ready: Callable[[], bool]) -> bool:
-    """Call `ready` every FORM_POLL seconds until it returns true (a progress line every 30 s);
-    False when the member is told to stop first."""
-    start = said = time.monotonic()
+    """Call `ready` every FORM_POLL seconds until it returns true (said at once when it is not,
+    then every 30 s); False when the member is told to stop first."""
+    start, said = time.monotonic(), None
     while not ready():
-        if time.monotonic() - said >= 30:
-            say(f"waiting for {what} ({time.monotonic() - start:.0f} s)")
+        if said is None or time.monotonic() - said >= 30:
+            elapsed = f" ({time.monotonic() - start:.0f} s)" if said else ""
+            say(f"waiting for {what}{elapsed}")
             said = time.monotonic()
         if member.stopping.wait(FORM_POLL):
             return False

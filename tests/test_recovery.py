@@ -78,9 +78,9 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> N
     assert (
         "node 'spark2': phase 'ray-join' failed: not in Ray 30 s after the start" in upping.output
     )
-    assert "192.168.200.12:6379" in upping.output  # what it could not reach
+    assert "192.168.200.12:29510" in upping.output  # what it could not reach: the head
     saved = next((tmp / "c.logs").glob("*/spark2.log")).read_text()
-    assert "waiting up to 300 s for the head's Ray at 192.168.200.12:6379" in saved
+    assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in saved
     assert "rolled back on spark1: removed" in upping.output
     assert "rolled back on spark2: removed" in upping.output
     # Containers gone; the volumes stay (compile caches, Ray's session logs) until `down`.
