@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from generator import checks, lock, probes
+from generator import checks, lock, probes, rules
 from generator.checks import Check, Facts, failed, passed
 from generator.config import Node
 from generator.errors import DockerError, DriftError, PreflightError, reason
@@ -22,6 +22,10 @@ from generator.stamps import Stamps
 
 REACH_SECONDS = 6  # how long each node keeps trying to reach its peers
 RUN_TIMEOUT = 60  # a facts container that has not answered by then is a failure
+# Below Linux's ephemeral ports (32768+), above Ray's worker ports (10002-19999): a fresh port
+# per run, so no stale listener can answer and no outgoing connection holds it.
+REACH_PORTS = (20000, 29000)
+PORT_TRIES = 3
 
 
 def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float]:
@@ -84,9 +88,21 @@ def contexts(fleet: Fleet) -> list[Check]:
 
 def gather(fleet: Fleet, live: list[Node]) -> tuple[list[Check], dict[str, Facts]]:
     """The facts of every live node, from a container started as its stack starts it; a node
-    whose container fails gets a failed check instead."""
+    whose container fails gets a failed check instead. A reach port that something else holds
+    on a node (a serving group, an outgoing connection) is tried again on another port."""
+    taken = set(rules.opened_ports(fleet.cluster).values())
+    while True:
+        port = random.choice([p for p in range(*REACH_PORTS) if p not in taken])
+        failures, gathered = _gather(fleet, live, port)
+        busy = [n for n, f in gathered.items() if "in use" in (f.reach.listen or "")]
+        taken.add(port)
+        if not busy or len(taken) > PORT_TRIES + len(rules.opened_ports(fleet.cluster)) - 1:
+            return failures, gathered
+        fleet.report(f"preflight: port {port} is in use on {', '.join(busy)}; trying another")
+
+
+def _gather(fleet: Fleet, live: list[Node], port: int) -> tuple[list[Check], dict[str, Facts]]:
     c = fleet.cluster
-    port = random.randint(40000, 48999)  # a fresh port per run: no stale listener can answer
 
     def facts(node: Node) -> Callable[[], Facts]:
         peers = [str(n.ip) for n in live if n != node]

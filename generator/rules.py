@@ -132,8 +132,8 @@ def _parallel_problems(c: Cluster) -> list[str]:
     return []
 
 
-def _port_problems(c: Cluster) -> list[str]:
-    """The ports the stacks open on every node, against each other."""
+def opened_ports(c: Cluster) -> dict[str, int]:
+    """The fixed ports the stacks open on every node, by the setting that names them."""
     ports = {"vllm.port": c.vllm.port, "group.port": c.group.port}
     if c.backend == "ray":
         ports["ray.port"] = c.ray.port
@@ -141,6 +141,12 @@ def _port_problems(c: Cluster) -> list[str]:
             ports["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
     else:
         ports["vllm.master_port"] = c.vllm.master_port
+    return ports
+
+
+def _port_problems(c: Cluster) -> list[str]:
+    """The ports the stacks open on every node, against each other."""
+    ports = opened_ports(c)
     names = list(ports)
     return [
         f"{name}: {ports[name]} is taken by {other}; choose another"

@@ -9,11 +9,14 @@ import contextlib
 import json
 import subprocess
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from generator import preflight as preflight_module
+from generator import workflow
 from tests.support import clusters, images
 from tests.support.clusters import cli
 from tests.support.testbed import Node, Testbed, sh
@@ -233,3 +236,22 @@ def test_the_api_port_taken_on_the_head(bed: Testbed, tmp_path: Path) -> None:
     with bed.listening(bed.nodes[0], 30000, images.STANDIN):
         found = failures(preflight(write(tmp_path, bed))[1])
     assert found == ["api-port spark1: port 30000 on 192.168.200.12 is already in use"]
+
+
+def test_a_reach_port_in_use_is_tried_again_on_another(
+    bed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anything on a node may hold the random reach port (a serving group's outgoing
+    connection did, once): preflight takes another rather than failing the check."""
+    monkeypatch.setattr(preflight_module, "REACH_PORTS", (20000, 20002))
+    monkeypatch.setattr(preflight_module, "random", types.SimpleNamespace(choice=min))
+    said: list[str] = []
+    config = write(tmp_path, bed)
+    with (
+        bed.listening(bed.nodes[0], 20000, images.STANDIN),
+        workflow.opened(config, None, said.append, with_secrets=True) as opened,
+    ):
+        found, _ = preflight_module.run(opened.fleet)
+    assert [c.line() for c in found if c.status == "fail"] == []
+    assert "preflight: port 20000 is in use on spark1; trying another" in said
+    assert any(c.name == "reach" and "reaches spark2" in c.cause for c in found)
