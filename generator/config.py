@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from generator import rules, validation
 from generator.errors import ConfigError
@@ -93,6 +93,8 @@ class Cluster(Strict):
         "configured environment, a command line or a log.",
     )
 
+    _configured_image: str | None = PrivateAttr(default=None)  # see configured_image
+
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         problems = rules.problems(self)
@@ -126,6 +128,17 @@ class Cluster(Strict):
     @property
     def served_model_name(self) -> str:
         return self.vllm.served_model_name or self.model.path
+
+    @property
+    def configured_image(self) -> str:
+        """The image as the config names it, also once a lock pinned `image` to its ID."""
+        return self._configured_image or self.image
+
+    def pinned_to(self, image_id: str) -> Cluster:
+        """This cluster with its image named by `image_id`."""
+        pinned = self.model_copy(update={"image": image_id})
+        pinned._configured_image = self.configured_image
+        return pinned
 
     def interface_of(self, node: Node) -> str:
         return node.interface or self.interface or ""

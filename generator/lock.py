@@ -114,7 +114,7 @@ def resolve(fleet: Fleet) -> Lock:
 
 def pinned(cluster: Cluster, lock: Lock) -> Cluster:
     """The cluster with its base image named by the locked ID."""
-    return cluster.model_copy(update={"image": lock.image.id})
+    return cluster.pinned_to(lock.image.id)
 
 
 def config_drift(cluster: Cluster, lock: Lock) -> list[str]:

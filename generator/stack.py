@@ -206,9 +206,11 @@ class NodeStack:
 
     @property
     def cache_volume(self) -> str:
-        """The compile caches' volume, named by the image (its ID once locked) and the model: a
-        different vLLM or model starts with an empty cache, never a stale one."""
-        key = json.dumps([self.cluster.image, self.cluster.model.path])
+        """The compile caches' volume, named by the image as the config names it and the model:
+        another image or model starts with an empty cache, and locking the image to its ID (as
+        `upgrade` does) keeps the cache. Under one tag rebuilt with another vLLM or torch, their
+        own cache keys (which hash their versions) keep the old entries apart."""
+        key = json.dumps([self.cluster.configured_image, self.cluster.model.path])
         return f"compile-cache-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
     @property

@@ -144,6 +144,10 @@ def test_every_service_keeps_its_compile_caches_in_a_volume_named_by_image_and_m
     )
     for changed in (other_image, other_model):
         assert render.node_stacks(changed, "sample.yaml")[0].cache_volume not in names
+    # Locking pins the image to its ID (upgrade re-locks): the same image keeps its caches.
+    locked = cluster.pinned_to("sha256:" + "ab" * 32)
+    assert render.node_stacks(locked, "sample.yaml")[0].image != stacks[0].image
+    assert render.node_stacks(locked, "sample.yaml")[0].cache_volume in names
 
 
 def compose_config(folder: Path) -> dict[str, Any]:
