@@ -4,7 +4,6 @@ were. `upgrade` and `rollback` restore the stack of an entry from it."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,9 +33,7 @@ class Entry:
     @property
     def locked(self) -> lock.Lock | None:
         path = self.folder / LOCK
-        if not path.exists():
-            return None
-        return lock.Lock.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        return lock.read_file(path) if path.exists() else None
 
 
 def folder_for(config: Path) -> Path:
@@ -59,8 +56,8 @@ def latest(config: Path) -> Entry | None:
 def record(config: Path, config_text: str, locked: lock.Lock | None) -> Entry:
     """A new entry for the stack that just served; unchanged from the latest, none is added."""
     last = latest(config)
-    lock_text = _lock_text(locked)
-    if last and last.config_text == config_text and _lock_text(last.locked) == lock_text:
+    lock_text = lock.text(locked) if locked else ""
+    if last and last.config_text == config_text and last.locked == locked:
         return last
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     folder = folder_for(config) / stamp
@@ -82,9 +79,3 @@ def before_latest(config: Path) -> Entry:
             hint="each `up`, `upgrade` and `rollback` that serves records its stack there",
         )
     return found[-2]
-
-
-def _lock_text(locked: lock.Lock | None) -> str:
-    if locked is None:
-        return ""
-    return json.dumps(locked.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"

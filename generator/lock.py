@@ -58,9 +58,12 @@ def path_for(config: Path) -> Path:
 
 
 def read(config: Path) -> Lock | None:
+    """The config's lock; None when it has none."""
     path = path_for(config)
-    if not path.exists():
-        return None
+    return read_file(path) if path.exists() else None
+
+
+def read_file(path: Path) -> Lock:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -94,8 +97,13 @@ def make(
 def write(config: Path, lock: Lock) -> Path:
     """Atomically: a reader never sees half a lock."""
     path = path_for(config)
-    write_atomic(path, json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, text(lock))
     return path
+
+
+def text(lock: Lock) -> str:
+    """The lock as its file holds it."""
+    return json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
 def resolve(fleet: Fleet) -> Lock:

@@ -62,7 +62,8 @@ def rollback(path: Path, open_: Open) -> Switched:
         back.fleet.down(volumes=False)
         back.deployment.start(result)
         _put_lock_back(path, entry)
-        return Switched(result, time.monotonic() - start, history.record(path, *_saved(entry)))
+        now = history.record(path, entry.config_text, entry.locked)
+        return Switched(result, time.monotonic() - start, now)
 
 
 def _switch(
@@ -126,7 +127,3 @@ def _put_lock_back(path: Path, entry: history.Entry) -> None:
         lock.write(path, locked)
     else:
         lock.path_for(path).unlink(missing_ok=True)
-
-
-def _saved(entry: history.Entry) -> tuple[str, lock.Lock | None]:
-    return entry.config_text, entry.locked
