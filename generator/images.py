@@ -17,6 +17,9 @@ from generator.errors import DockerError
 from generator.fanout import Report, each
 
 CHUNK = 1 << 20
+# On the wrapper: the ID of the base it was built from. Layers alone miss a base rebuilt with only
+# another ENV, LABEL or CMD (no new layer), and its wrapper would keep the old base's settings.
+BASE_LABEL = "io.vllm-compose.base-id"
 
 
 @dataclass(frozen=True)
@@ -47,15 +50,18 @@ def ensure(target: Target, tag: str, base: str) -> str:
 
 
 def _built_on(docker: DockerClient, tag: str, base: str) -> bool:
-    """Whether the wrapper's layers start with the base's: built on that very image."""
-    wrapper = docker.image.inspect(tag).root_fs.layers or []
-    below = docker.image.inspect(base).root_fs.layers or []
-    return wrapper[: len(below)] == below
+    """Whether the wrapper was built on that very base image (by its ID)."""
+    labels = docker.image.inspect(tag).config.labels or {}
+    return labels.get(BASE_LABEL) == docker.image.inspect(base).id
 
 
 def _build(target: Target, tag: str, base: str) -> None:
+    docker = target.docker
+    labels = {BASE_LABEL: docker.image.inspect(base).id}
     try:
-        target.docker.legacy_build(target.folder, build_args={"BASE_IMAGE": base}, tags=[tag])
+        docker.legacy_build(
+            target.folder, build_args={"BASE_IMAGE": base}, labels=labels, tags=[tag]
+        )
     except DockerException as e:
         raise DockerError(target.name, f"building {tag} from {base} failed", e.stderr or "") from e
 

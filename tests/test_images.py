@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,15 @@ def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothin
     assert progress == []
 
 
+def only_env(base: str) -> str:
+    """`base` with one more variable: a new image ID on the very same layers."""
+    tag = "vllm-compose-test/only-env:1"
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "Dockerfile").write_text(f"FROM {base}\nENV REBUILT_WITH=env\n")
+        DockerClient().legacy_build(context, tags=[tag])
+    return tag
+
+
 def test_a_base_changed_under_its_name_gets_its_wrapper_rebuilt_on_that_node(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -95,6 +105,11 @@ def test_a_base_changed_under_its_name_gets_its_wrapper_rebuilt_on_that_node(
         base = first.docker.image.inspect(new).root_fs.layers or []
         assert layers[: len(base)] == base
         assert images.distribute(targets, tag, moving, print) == {"a": "present", "b": "present"}
+        # A base rebuilt with only another ENV: no new layer, yet another image.
+        testbed.load_image(only_env(old), nodes=[second])
+        second.docker.image.tag(only_env(old), moving)
+        assert images.distribute(targets, tag, moving, print) == {"a": "present", "b": "rebuilt"}
+        assert "REBUILT_WITH=env" in (second.docker.image.inspect(tag).config.env or [])
     finally:
         for node in (first, second):
             with contextlib.suppress(Exception):
