@@ -251,11 +251,15 @@ def tiny_model(docker: DockerClient) -> Path:
 # vLLM as it runs on GPUs, where torch.compile is on: a C++ compiler and Python's headers for
 # Inductor's CPU kernels, TORCHDYNAMO_DISABLE off. Used where a compile cache matters (the warm
 # restart benchmark and the cache tests); the other tests start eagerly, in seconds.
+# vLLM 0.32 saves its AOT-compiled function but cannot load it back with the image's torch 2.13
+# ("'function' object has no attribute 'finalize_loading'"): every warm start spent ~11 s on the
+# failed load and compiled again. Without AOT, vLLM caches and loads Inductor's graphs itself.
 COMPILE_DOCKERFILE = """\
 FROM {base}
 RUN apt-get update && apt-get install -y --no-install-recommends g++ python3-dev \\
     && rm -rf /var/lib/apt/lists/*
 ENV TORCHDYNAMO_DISABLE=0
+ENV VLLM_USE_AOT_COMPILE=0
 """
 VLLM_COMPILE = f"{VLLM}-compile-" + hashlib.sha256(COMPILE_DOCKERFILE.encode()).hexdigest()[:8]
 

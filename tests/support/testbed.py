@@ -418,10 +418,15 @@ class Testbed:
             self.engines.pop(node.name).wait(timeout=30)
 
     def remove_containers(self) -> None:
+        """Every container and named volume on the nodes' engines (their images stay: the
+        engines' data outlives a testbed, and a volume left there would outlive it too)."""
         for node in self.nodes:
             ids = sh("docker", "--context", node.context, "ps", "-aq", check=False).stdout.split()
             if ids:
                 sh("docker", "--context", node.context, "rm", "-f", "-v", *ids, check=False)
+            names = sh("docker", "--context", node.context, "volume", "ls", "-q").stdout.split()
+            if names:  # the nodes' engines speak API 1.41: no `volume prune --all`
+                sh("docker", "--context", node.context, "volume", "rm", "-f", *names, check=False)
 
     def destroy(self) -> None:
         with contextlib.suppress(Exception):
