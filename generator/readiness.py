@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from python_on_whales import DockerException
 
-from generator import diagnose, probes
+from generator import diagnose, probes, startlog
 from generator.config import Node
 from generator.errors import PhaseError, reason
 from generator.fanout import each
@@ -24,6 +24,8 @@ STARTED = "Application startup complete"  # uvicorn's line once vLLM's API liste
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 CANARY_GRACE = 30  # a canary that has not come back by its deadline plus this has failed
 PROGRESS_SECONDS = 2  # between the two looks at vLLM's /metrics after a late canary
+NOT_READY_EVERY = 5  # seconds between "not ready" lines while the log names no phase
+STILL_EVERY = 30  # seconds between "still in this phase" lines once it does
 
 
 def failure(
@@ -76,6 +78,8 @@ class Watched:
     join: Join | None = None
     started: bool = False
     last: str = "not probed yet"
+    phases: startlog.Tracker = field(default_factory=startlog.Tracker)
+    began: float = field(default_factory=time.monotonic)
 
     def probe(self, probe: list[str]) -> bool:
         try:
@@ -112,6 +116,9 @@ class Watched:
 
     def read(self, line: str | None) -> None:
         """One line of the followed log (None: it ended, the container stopped)."""
+        if line is not None and (seen := self.phases.advance(line, time.monotonic())):
+            took = time.monotonic() - self.began
+            self.fleet.report(f"{self.phase}: {self.node.name}: {seen} ({took:.0f} s)")
         if line is None or STARTED in line:
             self.started = True
         elif probes.EXITED in (probes.supervisor_said(line) or ""):
@@ -151,11 +158,23 @@ def wait(watched: Watched, probe: list[str], limit: float, follow: bool = False)
             if now - start > limit:
                 message = f"not ready after {limit:g} s: {watched.last}"
                 raise failure(fleet, node, watched.phase, message)
-            if now - reported >= 5:
-                elapsed = f"{now - start:.0f} s"
-                fleet.report(f"{watched.phase}: {node.name} not ready ({elapsed}): {watched.last}")
+            if now - max(reported, watched.phases.since) >= _every(watched):
+                fleet.report(_waiting(watched, now - start))
                 reported = now
             _read_a_second(watched, lines)
+
+
+def _every(watched: Watched) -> float:
+    return NOT_READY_EVERY if watched.phases.now is None else STILL_EVERY
+
+
+def _waiting(watched: Watched, elapsed: float) -> str:
+    """What a wait says while nothing new happens: the phase the log is in, else the probe's."""
+    said, now = f"{watched.phase}: {watched.node.name}", watched.phases.now
+    if now is None:
+        return f"{said} not ready ({elapsed:.0f} s): {watched.last}"
+    took = time.monotonic() - watched.phases.since
+    return f"{said}: still {now} after {took:.0f} s ({elapsed:.0f} s in all)"
 
 
 def _read_a_second(watched: Watched, lines: queue.Queue[str | None] | None) -> None:

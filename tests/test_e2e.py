@@ -74,6 +74,11 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr
     assert "ready: http://192.168.200.12:30000/v1" in up.stdout
+    # The start, phase by phase, read from vLLM's own log.
+    phases = [line.strip() for line in up.stderr.splitlines() if "serve: spark1: " in line]
+    print("\n".join(phases))
+    assert any("loading weights" in line for line in phases), up.stderr
+    assert phases[-1].startswith("serve: spark1: API up ("), up.stderr
 
     key = clusters.api_key(path)
     assert (

@@ -12,6 +12,7 @@ from python_on_whales import DockerException
 
 from generator import readiness
 from tests.test_preflight import SAMPLE
+from tests.test_startlog import START
 
 
 class FakeFleet:
@@ -62,3 +63,18 @@ def test_a_late_canary_without_progress_is_a_problem(loads: list[dict[str, float
         "spark-1: canary: completion timed out"
     ]
     assert fleet.reported == []
+
+
+def test_a_start_is_said_phase_by_phase_from_its_log() -> None:
+    fleet = FakeFleet([])
+    watched = readiness.Watched(fleet, fleet.head, "serve", "serve")  # type: ignore[arg-type]
+    for line in START.splitlines():
+        watched.read(line)
+    said = [line.split(": ", 2)[2].rsplit(" (", 1)[0] for line in fleet.reported]
+    assert said[:2] == ["waiting for the group", "starting vLLM"] and said[-1] == "API up"
+    assert len(said) == 7 and watched.started
+    assert fleet.reported[3].startswith(f"serve: {fleet.head.name}: loading weights (")
+    # Meanwhile, nothing new: the phase it is in, not the probe's refusal.
+    assert "still API up after" in readiness._waiting(watched, 12)
+    fresh = readiness.Watched(fleet, fleet.head, "serve", "serve")  # type: ignore[arg-type]
+    assert "not ready (12 s)" in readiness._waiting(fresh, 12)
