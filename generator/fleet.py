@@ -159,8 +159,12 @@ class Fleet:
 
     def states(self, node: Node) -> dict[str, ContainerState]:
         """service -> its container's state, exited ones included."""
-        found = self.docker[node.name].compose.ps(all=True)
-        return {_service(c): c.state for c in found}
+        return {_service(c): c.state for c in self.containers(node)}
+
+    def containers(self, node: Node) -> list[Container]:
+        """The stack's containers on the node, exited ones included."""
+        found: list[Container] = self.docker[node.name].compose.ps(all=True)
+        return found
 
     def running(self, node: Node, service: str) -> bool:
         """Its container runs, and so does its command (not waiting out a back-off after it
@@ -219,13 +223,16 @@ class Fleet:
     def remove(self, node: Node, service: str) -> None:
         self.docker[node.name].compose.rm([service], stop=True, volumes=True)
 
-    def down(self, nodes: list[Node] | None = None, volumes: bool = True) -> dict[str, str]:
+    def down(
+        self, nodes: list[Node] | None = None, volumes: bool = True, stop: int | None = None
+    ) -> dict[str, str]:
         """Every node (or those given) in parallel; node -> 'removed' or why it is not clean.
-        Without `volumes`, the named volumes stay (the head's /tmp: Ray's session logs)."""
+        Without `volumes`, the named volumes stay (the head's /tmp: Ray's session logs).
+        `stop`: seconds each container has after SIGTERM (default: its stop_grace_period)."""
 
         def one(node: Node) -> Callable[[], object]:
             return lambda: self.docker[node.name].compose.down(
-                remove_orphans=True, volumes=volumes, quiet=True
+                remove_orphans=True, volumes=volumes, quiet=True, timeout=stop
             )
 
         chosen = self.cluster.nodes if nodes is None else nodes

@@ -23,6 +23,9 @@ from generator.workflow import Opened
 # Opens the config (or a history entry's) for a command that starts things: workflow.opened
 # with the command's output folder, progress and timeouts already applied.
 Open = Callable[..., AbstractContextManager[Opened]]
+# Seconds the old group's containers have to stop in a switch before they are killed: by then it
+# is being replaced, and every second it takes is downtime.
+SWITCH_STOP = 2
 
 
 @dataclass
@@ -59,7 +62,7 @@ def rollback(path: Path, open_: Open) -> Switched:
     with open_(path, with_secrets=True, entry=entry) as back:
         start = time.monotonic()
         back.fleet.report("rollback: taking the group that serves now down")
-        back.fleet.down(volumes=False)
+        back.fleet.down(volumes=False, stop=SWITCH_STOP)
         back.deployment.start(result)
         _put_lock_back(path, entry)
         now = history.record(path, entry.config_text, entry.locked)
@@ -73,7 +76,7 @@ def _switch(
     start = time.monotonic()
     try:
         fleet.report("switch: taking the old group down (volumes kept: its compile caches)")
-        fleet.down(volumes=False)
+        fleet.down(volumes=False, stop=SWITCH_STOP)
         staged.deployment.start(result)
         golden(staged)
     except (VllmComposeError, DockerException) as e:
