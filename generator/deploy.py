@@ -81,14 +81,19 @@ class Deployment:
         except (VllmComposeError, DockerException) as e:
             fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
-                self.take_down("rolling back", "rolled back")
+                start: dict[str, object] = {"phases": dict(result.phases), "failed": reason(e)}
+                self.take_down("rolling back", "rolled back", start)
             raise
         c = fleet.cluster
         result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
+        evidence.last_start(self.logs, {"phases": dict(result.phases)})
 
-    def take_down(self, doing: str, done: str) -> None:
-        """The group's logs saved, then its containers removed on every node (volumes kept:
-        the compile caches, and the head's /tmp with Ray's session logs)."""
+    def take_down(self, doing: str, done: str, start: dict[str, object] | None = None) -> None:
+        """The group's diagnostics bundle saved (with `start`: how its start went), then its
+        containers removed on every node (volumes kept: the compile caches, and the head's /tmp
+        with Ray's session logs)."""
+        if start is not None:
+            evidence.last_start(self.logs, start)
         evidence.save_logs(self.fleet, self.logs, doing)
         self.fleet.report(f"{doing}: taking the group down on every node")
         for node, outcome in self.fleet.down(volumes=False).items():

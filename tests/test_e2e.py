@@ -306,6 +306,14 @@ def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair
         serve_log = head.docker.container.logs("viaray-serve-1")
         assert "RayWorkerProc" in serve_log and "world_size=2" in serve_log
         assert secret_seen_in(key, tmp, [head, worker], "viaray") == []
+        # `diagnose` on the serving group: both nodes, Ray's table, the facts; no secret.
+        said = cli("diagnose", path, cwd=tmp)
+        assert said.returncode == 0, said.stderr
+        bundle = clusters.bundled(Path(said.stdout.strip()), path)
+        summary = json.loads(bundle["summary.json"])
+        assert sorted(summary["ray_nodes"]) == sorted([head.ip, worker.ip])
+        assert sorted(summary["preflight"]["facts"]) == ["spark1", "spark2"]
+        assert "RayWorkerProc" in bundle["spark1.log"] and "spark2.containers.json" in bundle
 
 
 def test_ray_older_executor_keeps_per_node_values_too(pair: Pair) -> None:

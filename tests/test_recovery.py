@@ -5,6 +5,7 @@ STAND-IN (tests/support/standin_vllm.py); the Ray cluster, engines, Compose and 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,13 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> N
     assert "192.168.200.12:29510" in upping.output  # what it could not reach: the head
     saved = next((tmp / "c.logs").glob("*/spark2.log")).read_text()
     assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in saved
+    # The same, and more, in one archive to send: the worker's lines, every container, the
+    # compose files, how the start went; not one secret.
+    bundle = clusters.bundled(next((tmp / "c.logs").glob("*.tar.gz")), config)
+    assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in bundle["spark2.log"]
+    assert {"spark1.containers.json", "compose/spark2/compose.yaml"} <= set(bundle)
+    start = json.loads(bundle["summary.json"])["last_start"]
+    assert "ray" in start["phases"] and "phase 'ray-join' failed" in start["failed"]
     assert "rolled back on spark1: removed" in upping.output
     assert "rolled back on spark2: removed" in upping.output
     # Containers gone; the volumes stay (compile caches, Ray's session logs) until `down`.

@@ -1,4 +1,5 @@
-"""Commands that run or look at the group on its nodes: up, watch, preflight, down, status, logs."""
+"""Commands that run or look at the group on its nodes: up, watch, preflight, down, status, logs,
+diagnose."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 from typing import Annotated
 
 import typer
+from python_on_whales import DockerException
 
 from generator import checks as checking
-from generator import history, observe, workflow
+from generator import evidence, history, observe, secrets, workflow
 from generator import preflight as preflight_checks
 from generator import watch as watching
 from generator.cli.app import (
@@ -187,3 +189,23 @@ def logs(
         raise VllmComposeError(f"no node '{node}' in {path}", f"nodes: {', '.join(names)}")
     for line in observe.logs(fleet, node, follow):
         out.print(line)
+
+
+@app.command()
+def diagnose(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+    """One bundle of what every node shows, to read or send: logs (exited containers too),
+    containers' state and settings, compose files, which network NCCL used, the phases of the
+    last start, preflight's checks and Ray's nodes. Secrets read <redacted>. Prints its path."""
+    opened = open_config(path, outdir)
+    fleet = opened.fleet
+    fleet.secret_files = secrets.local(path, opened.cluster, generate=False).files
+    extra: dict[str, object] = {}
+    try:
+        failed, gathered = preflight_checks.gather(fleet, opened.cluster.nodes)
+        facts = {node: f.model_dump(mode="json") for node, f in gathered.items()}
+        extra["preflight"] = {"failed": [c.line() for c in failed], "facts": facts}
+    except (VllmComposeError, DockerException) as e:
+        extra["preflight"] = f"not gathered: {e}"
+    if opened.cluster.backend == "ray":
+        extra["ray_nodes"] = fleet.ray_nodes()
+    out.print(str(evidence.save_logs(fleet, opened.deployment.logs, "diagnose", extra)))

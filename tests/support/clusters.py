@@ -7,6 +7,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -178,3 +179,18 @@ def leftovers(node: Node, project: str) -> list[str]:
 def uncached(found: list[str]) -> list[str]:
     """`leftovers` less the compile caches' volumes, which outlive every removal but `down`."""
     return [item for item in found if "_compile-cache-" not in item]
+
+
+def bundled(archive: Path, config: Path) -> dict[str, str]:
+    """A diagnostics bundle's files by their path inside it; none holds a secret of `config`."""
+    found = {}
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                read = tar.extractfile(member)
+                assert read is not None
+                found[member.name.partition("/")[2]] = read.read().decode()
+    for secret in config.parent.glob(f"{config.stem}.*-*"):  # .api-key, .ray-token
+        value = secret.read_text().strip()
+        assert len(value) > 8 and all(value not in text for text in found.values()), secret
+    return found
