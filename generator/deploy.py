@@ -94,7 +94,7 @@ class Deployment:
         with Ray's session logs)."""
         if start is not None:
             evidence.last_start(self.logs, start)
-        evidence.save_logs(self.fleet, self.logs, doing)
+        evidence.write_bundle(self.fleet, self.logs, doing)
         self.fleet.report(f"{doing}: taking the group down on every node")
         for node, outcome in self.fleet.down(volumes=False).items():
             self.fleet.report(f"{done} on {node}: {outcome}")
@@ -194,7 +194,7 @@ class Deployment:
     def down(self) -> dict[str, str]:
         """watch giving up: the logs saved first, the containers removed, the volumes kept (the
         head's /tmp holds Ray's session logs; `vllm-compose down` removes them)."""
-        evidence.save_logs(self.fleet, self.logs, "giving up")
+        evidence.write_bundle(self.fleet, self.logs, "giving up")
         return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
 
     def recreate(self) -> Result:
@@ -202,7 +202,7 @@ class Deployment:
         (named volumes kept: the head's /tmp holds Ray's session logs of each try, and every
         run of vLLM names its files there afresh); then up as `up` does, preflight included."""
         fleet, head = self.fleet, self.fleet.head
-        evidence.save_logs(fleet, self.logs, "recreate")
+        evidence.write_bundle(fleet, self.logs, "recreate")
         fleet.report("recreate: taking serve, then the workers, then the head down")
         serve = each({head.name: lambda: fleet.remove(head, "serve")}, DOWN_TIMEOUT)[head.name]
         if isinstance(serve, BaseException):

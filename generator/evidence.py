@@ -36,7 +36,7 @@ RENDERED = ("compose.yaml", "contexts.env", "Dockerfile")  # of a node's folder;
 LAST_START = "last-start.json"  # in the bundles' folder: the phases of the last start, timed
 
 
-def save_logs(fleet: Fleet, root: Path, why: str, extra: dict[str, Any] | None = None) -> Path:
+def write_bundle(fleet: Fleet, root: Path, why: str, extra: dict[str, Any] | None = None) -> Path:
     """The bundle, written into root/<UTC time>/ and archived beside it; says where, or why a
     node's part could not be read. Never fails the caller. `extra`: more for summary.json."""
     folder = root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -208,4 +208,4 @@ def diagnose(path: ConfigArg, outdir: OutdirOpt = None) -> None:
         extra["preflight"] = f"not gathered: {e}"
     if opened.cluster.backend == "ray":
         extra["ray_nodes"] = fleet.ray_nodes()
-    out.print(str(evidence.save_logs(fleet, opened.deployment.logs, "diagnose", extra)))
+    out.print(str(evidence.write_bundle(fleet, opened.deployment.logs, "diagnose", extra)))
