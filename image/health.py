@@ -11,7 +11,8 @@ nodes --address HOST:PORT
 slots --address HOST:PORT
     prints every alive Ray node's GPU slots as JSON: {"IP": {"gpus": total, "free": free now}}
 metrics --port P
-    prints vLLM's load from its /metrics as JSON: {"running": n, "waiting": n, "tokens": total}
+    prints vLLM's load from its /metrics as JSON: {"running": n, "waiting": n, "tokens": total,
+    "prompt_tokens": total, "kv_cache": fraction}
 wait-for HOST:PORT --seconds S
     waits until a TCP connection to HOST:PORT succeeds
 facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--model PATH]
@@ -96,6 +97,8 @@ LOAD = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
     "vllm:generation_tokens_total": "tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:kv_cache_usage_perc": "kv_cache",  # a fraction; the fullest engine's
 }
 
 
@@ -111,7 +114,8 @@ def print_load(args: argparse.Namespace) -> str | None:
     for line in text.splitlines():
         name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
         if name in LOAD:
-            found[LOAD[name]] += float(rest.rsplit(" ", 1)[-1])
+            key, value = LOAD[name], float(rest.rsplit(" ", 1)[-1])
+            found[key] = max(found[key], value) if key == "kv_cache" else found[key] + value
     print(json.dumps(found, sort_keys=True))
     return None
 

@@ -16,6 +16,7 @@ command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need_debs+=(openssh-serve
 command -v ssh >/dev/null || need_debs+=(openssh-client)
 command -v make >/dev/null || need_debs+=(make)
 command -v nc >/dev/null || need_debs+=(netcat-openbsd)  # the model-sync benchmark's baseline
+command -v tmux >/dev/null || need_debs+=(tmux)  # the test of `top`'s live view
 if [ ${#need_debs[@]} -gt 0 ]; then
     step "apt-get install ${need_debs[*]}"
     apt-get update -qq

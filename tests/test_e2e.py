@@ -103,6 +103,20 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     worker_log = worker.docker.container.logs("native-serve-1")
     assert "world_size=2 rank=1" in worker_log
     assert "tcp://192.168.200.12:29501" in worker_log
+    # top: both nodes with live numbers, as JSON, and on a terminal.
+    view = json.loads(cli("top", path, "--once", "--json", cwd=tmp).stdout)
+    print(json.dumps(view, indent=2))
+    assert [n["node"] for n in view["nodes"]] == ["spark1", "spark2"]
+    for node in view["nodes"]:
+        assert node["services"]["serve"].startswith("running"), node
+        assert node["cpu_percent"] is not None and node["memory_bytes"] > 0, node
+    endpoint = view["endpoint"]
+    assert endpoint["running"] == 0 and endpoint["waiting"] == 0, endpoint
+    assert endpoint["kv_cache_percent"] is not None, endpoint
+    assert endpoint["generation_tokens_per_s"] is not None, endpoint
+    screen = clusters.on_terminal(["top", path, "--interval", "1"], ["spark1", "spark2"], tmp)
+    print(screen)
+    assert "serve: running" in screen
 
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
 

@@ -1,8 +1,9 @@
 """Commands that run or look at the group on its nodes: up, watch, preflight, down, status, logs,
-diagnose."""
+diagnose, top."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -10,10 +11,13 @@ from typing import Annotated
 
 import typer
 from python_on_whales import DockerException
+from rich.live import Live
+from rich.table import Table
 
 from generator import checks as checking
 from generator import evidence, history, observe, secrets, workflow
 from generator import preflight as preflight_checks
+from generator import top as top_view
 from generator import watch as watching
 from generator.cli.app import (
     DEFAULT,
@@ -209,3 +213,38 @@ def diagnose(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     if opened.cluster.backend == "ray":
         extra["ray_nodes"] = fleet.ray_nodes()
     out.print(str(evidence.write_bundle(fleet, opened.deployment.logs, "diagnose", extra)))
+
+
+@app.command()
+def top(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="One view, then exit.")] = False,
+    as_json: JsonOpt = False,
+    interval: Annotated[float, typer.Option(help="Seconds between views.")] = 2,
+) -> None:
+    """A live view, one row per node: its containers and their health, CPU and memory, GPUs; and
+    the endpoint's requests running and waiting, KV-cache use, prompt and generated tokens per
+    second. Ctrl-C ends it. --once --json for scripts (the rates over one second)."""
+    fleet = open_config(path, outdir).fleet
+    _, before = top_view.sample(fleet, None, 1)
+    taken = time.monotonic()
+    if once:
+        time.sleep(1)
+        view, _ = top_view.sample(fleet, before, time.monotonic() - taken)
+        out.print(view.model_dump_json(indent=2) if as_json else _table(view))
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with Live(console=out, auto_refresh=False) as live, contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(interval)
+            view, before = top_view.sample(fleet, before, time.monotonic() - taken)
+            taken = time.monotonic()
+            live.update(_table(view), refresh=True)
+
+
+def _table(view: top_view.Top) -> Table:
+    table = Table(*top_view.COLUMNS, title=time.strftime("%H:%M:%S"), title_justify="left")
+    for row in top_view.rows(view):
+        table.add_row(*row)
+    return table

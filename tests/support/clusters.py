@@ -3,7 +3,9 @@ runs it, and the containers a project left on a node."""
 
 from __future__ import annotations
 
+import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -194,3 +196,23 @@ def bundled(archive: Path, config: Path) -> dict[str, str]:
         value = secret.read_text().strip()
         assert len(value) > 8 and all(value not in text for text in found.values()), secret
     return found
+
+
+def on_terminal(args: list[str | Path], want: list[str], cwd: Path, limit: float = 90) -> str:
+    """The screen of `vllm-compose ARGS` on a terminal (a tmux session of its own), once it shows
+    every string in `want`; the session is ended either way."""
+    session = f"vct-{os.getpid()}-{int(time.monotonic() * 1000)}"
+    command = " ".join(shlex.quote(str(a)) for a in [sys.executable, "-m", "generator", *args])
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "40", "-c",
+                    str(cwd), command], check=True)  # fmt: skip
+    screen, deadline = "", time.monotonic() + limit
+    try:
+        while time.monotonic() < deadline:
+            shown = ["tmux", "capture-pane", "-p", "-t", session]
+            screen = subprocess.run(shown, capture_output=True, text=True, check=False).stdout
+            if all(w in screen for w in want):
+                return screen
+            time.sleep(1)
+        raise AssertionError(f"not on the terminal after {limit:g} s: {want}\n{screen}")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)

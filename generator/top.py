@@ -1,0 +1,146 @@
+"""`top`: one row per node (its containers and their health, CPU and memory, GPUs where there are
+any) and the endpoint's load (requests running and waiting, KV-cache use, prompt and generated
+tokens per second, from vLLM's /metrics read twice). Reads only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from python_on_whales import DockerException
+
+from generator import probes
+from generator.config import Node
+from generator.errors import reason
+from generator.fanout import each
+from generator.fleet import Fleet
+
+TIMEOUT = 30  # per node
+GPU_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=utilization.gpu,memory.used,memory.total",
+    "--format=csv,noheader,nounits",
+]
+
+
+class NodeRow(BaseModel):
+    node: str
+    ip: str
+    services: dict[str, str] = {}  # service -> "running, healthy"
+    cpu_percent: float | None = None  # of one core, summed over the node's containers
+    memory_bytes: int | None = None
+    gpus: list[dict[str, float]] | None = None  # per GPU: utilization %, memory used and total MiB
+    error: str | None = None
+
+
+class Endpoint(BaseModel):
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_percent: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    error: str | None = None
+
+
+class Top(BaseModel):
+    nodes: list[NodeRow]
+    endpoint: Endpoint
+
+
+def sample(
+    fleet: Fleet, before: dict[str, float] | None, seconds: float
+) -> tuple[Top, dict[str, float]]:
+    """Every node's row and the endpoint's load; the rates over `seconds` since `before` (the
+    /metrics returned last time). -> (what to show, the /metrics to pass next time)."""
+    found = each({n.name: _row(fleet, n) for n in fleet.cluster.nodes}, TIMEOUT)
+    rows = [
+        r if isinstance(r, NodeRow) else NodeRow(node=n, ip="", error=reason(r))
+        for n, r in found.items()
+    ]
+    load = _load(fleet)
+    if load is None:
+        return Top(nodes=rows, endpoint=Endpoint(error="vLLM's /metrics did not answer")), {}
+    endpoint = Endpoint(running=load["running"], waiting=load["waiting"])
+    endpoint.kv_cache_percent = round(100 * load.get("kv_cache", 0.0), 1)
+    if before:
+        endpoint.prompt_tokens_per_s = _rate(load, before, "prompt_tokens", seconds)
+        endpoint.generation_tokens_per_s = _rate(load, before, "tokens", seconds)
+    return Top(nodes=rows, endpoint=endpoint), load
+
+
+def _rate(now: dict[str, float], before: dict[str, float], key: str, seconds: float) -> float:
+    return round(max(0.0, now.get(key, 0.0) - before.get(key, 0.0)) / seconds, 1)
+
+
+def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
+    def run() -> NodeRow:
+        row = NodeRow(node=node.name, ip=str(node.ip))
+        containers = fleet.containers(node)
+        for c in containers:
+            state = c.state
+            health = f", {state.health.status}" if state.health else ""
+            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
+            row.services[service] = f"{state.status}{health}"
+        running = [c for c in containers if c.state.running]
+        if running:
+            stats = fleet.docker[node.name].container.stats(running)
+            row.cpu_percent = round(sum(s.cpu_percentage or 0.0 for s in stats), 1)
+            row.memory_bytes = sum(s.memory_used or 0 for s in stats)
+        if fleet.cluster.accelerator == "nvidia" and running:
+            row.gpus = _gpus(fleet, node)
+        return row
+
+    return run
+
+
+def _gpus(fleet: Fleet, node: Node) -> list[dict[str, float]] | None:
+    service = fleet.stacks[node.name].services[0].name
+    try:
+        out = fleet.execute(node, service, GPU_QUERY)
+    except DockerException:
+        return None
+    found = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            keys = ("utilization_percent", "memory_used_mib", "memory_total_mib")
+            found.append(dict(zip(keys, map(float, parts), strict=True)))
+    return found
+
+
+def _load(fleet: Fleet) -> dict[str, float] | None:
+    try:
+        said = fleet.execute(fleet.head, "serve", probes.metrics(fleet.cluster.vllm.port))
+    except DockerException:
+        return None
+    found: dict[str, float] = json.loads(said)
+    return found
+
+
+def rows(top: Top) -> list[list[str]]:
+    """The view's table: a row per node, the endpoint's figures on the head's row."""
+    e = top.endpoint
+    load = "-" if e.error else f"{e.running:g} running, {e.waiting:g} waiting"
+    cache = "-" if e.kv_cache_percent is None else f"{e.kv_cache_percent:g}%"
+    tps = "-" if e.generation_tokens_per_s is None else (
+        f"{e.prompt_tokens_per_s:g} / {e.generation_tokens_per_s:g}"
+    )  # fmt: skip
+    table = []
+    for i, r in enumerate(top.nodes):
+        services = ", ".join(f"{s}: {st}" for s, st in r.services.items()) or (r.error or "-")
+        cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:g}%"
+        memory = "-" if r.memory_bytes is None else f"{r.memory_bytes / 2**30:.1f} GiB"
+        gpus = "-" if not r.gpus else " ".join(_gpu(g) for g in r.gpus)
+        head = [load, cache, tps] if i == 0 else ["", "", ""]
+        table.append([r.node, services, cpu, memory, gpus, *head])
+    return table
+
+
+def _gpu(g: dict[str, Any]) -> str:
+    used, total = g["memory_used_mib"] / 1024, g["memory_total_mib"] / 1024
+    return f"{g['utilization_percent']:g}% {used:.0f}/{total:.0f} GiB"
+
+
+COLUMNS = ["node", "services", "CPU", "memory", "GPUs", "requests", "KV cache", "tok/s in / out"]

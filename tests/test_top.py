@@ -1,0 +1,44 @@
+"""top's view from its figures (our logic alone; the live view on the testbed is in test_e2e.py)."""
+
+from __future__ import annotations
+
+from generator import top
+
+
+def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
+    view = top.Top(
+        nodes=[
+            top.NodeRow(
+                node="spark1",
+                ip="10.0.0.1",
+                services={"serve": "running, healthy"},
+                cpu_percent=153.2,
+                memory_bytes=3 * 2**30,
+                gpus=[
+                    {
+                        "utilization_percent": 97.0,
+                        "memory_used_mib": 104448.0,
+                        "memory_total_mib": 122880.0,
+                    }
+                ],
+            ),
+            top.NodeRow(node="spark2", ip="", error="engine does not answer"),
+        ],
+        endpoint=top.Endpoint(
+            running=2,
+            waiting=5,
+            kv_cache_percent=41.5,
+            prompt_tokens_per_s=120.0,
+            generation_tokens_per_s=33.5,
+        ),
+    )
+    head, worker = top.rows(view)
+    assert head == ["spark1", "serve: running, healthy", "153.2%", "3.0 GiB", "97% 102/120 GiB",
+                    "2 running, 5 waiting", "41.5%", "120 / 33.5"]  # fmt: skip
+    assert worker == ["spark2", "engine does not answer", "-", "-", "-", "", "", ""]
+
+
+def test_rates_are_per_second_and_never_negative() -> None:
+    before, now = {"tokens": 100.0, "prompt_tokens": 50.0}, {"tokens": 160.0, "prompt_tokens": 0.0}
+    assert top._rate(now, before, "tokens", 2.0) == 30.0
+    assert top._rate(now, before, "prompt_tokens", 2.0) == 0.0  # a restarted vLLM counts afresh
