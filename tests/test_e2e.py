@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from matplotlib import image
 
 from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
@@ -117,6 +118,16 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     screen = clusters.on_terminal(["top", path, "--interval", "1"], ["spark1", "spark2"], tmp)
     print(screen)
     assert "serve: running" in screen
+    # bench: vLLM's own benchmark against the endpoint, kept as JSON and a plot.
+    sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4", "--input-len", "16"]
+    measured = cli("bench", path, *sweep, "--output-len", "8", "--json", cwd=tmp)
+    assert measured.returncode == 0, measured.stderr
+    print(measured.stdout)
+    saved = Path(json.loads(measured.stdout)["saved"])
+    results = json.loads(saved.read_text())["results"]
+    assert [r["max_concurrency"] for r in results] == [1, 2]
+    assert all(r["completed"] == 4 and None not in r.values() for r in results), results
+    assert image.imread(saved.with_suffix(".png")).shape[:2] == (400, 600)
 
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
 
