@@ -91,14 +91,15 @@ def gather(fleet: Fleet, live: list[Node]) -> tuple[list[Check], dict[str, Facts
     whose container fails gets a failed check instead. A reach port that something else holds
     on a node (a serving group, an outgoing connection) is tried again on another port."""
     taken = set(rules.opened_ports(fleet.cluster).values())
-    while True:
+    for attempt in range(PORT_TRIES):
         port = random.choice([p for p in range(*REACH_PORTS) if p not in taken])
         failures, gathered = _gather(fleet, live, port)
         busy = [n for n, f in gathered.items() if "in use" in (f.reach.listen or "")]
-        taken.add(port)
-        if not busy or len(taken) > PORT_TRIES + len(rules.opened_ports(fleet.cluster)) - 1:
-            return failures, gathered
+        if not busy or attempt == PORT_TRIES - 1:
+            break
         fleet.report(f"preflight: port {port} is in use on {', '.join(busy)}; trying another")
+        taken.add(port)
+    return failures, gathered
 
 
 def _gather(fleet: Fleet, live: list[Node], port: int) -> tuple[list[Check], dict[str, Facts]]:
