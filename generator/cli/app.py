@@ -16,6 +16,7 @@ from rich.console import Console
 
 from generator import config, output, secrets, workflow
 from generator import watch as watching
+from generator.cli.live import Progress
 from generator.errors import VllmComposeError, reason
 
 app = typer.Typer(
@@ -54,8 +55,7 @@ BackoffOpt = Annotated[
 DEFAULT = watching.Policy()
 
 
-def progress(line: str) -> None:
-    err.print(f"  {line}")
+progress = Progress(err)
 
 
 # What a command opened (a read-only command's temporary compose folder), closed by main().
@@ -109,11 +109,14 @@ def main() -> None:
     try:
         app()
     except VllmComposeError as e:
+        progress.stop()
         for line in e.lines():
             err.print(line)
         sys.exit(e.exit_code)
     except DockerException as e:  # one that no layer named: still one line, never a traceback
+        progress.stop()
         err.print(f"docker failed: {reason(e)}")
         sys.exit(1)
     finally:
+        progress.stop()
         _resources.close()
