@@ -10,6 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# vLLM's lines as torch.compile starts: the CPU build's warm-up, the GPU builds' cache folder and
+# Dynamo's first figure (not any line that names torch.compile: some say it is off).
+COMPILING = (
+    r"Warming up model for the compilation|for vLLM's torch\.compile|Dynamo bytecode transform"
+    r"|Compiling a graph for"
+)
 # (phase, what begins it), first match wins; order follows a start.
 PHASES: list[tuple[str, re.Pattern[str]]] = [
     (phase, re.compile(pattern))
@@ -19,7 +25,7 @@ PHASES: list[tuple[str, re.Pattern[str]]] = [
         ("waiting for Ray's placement group", r"Waiting for creating a placement group"),
         ("initializing the engine", r"Initializing a V1 LLM engine"),
         ("loading weights", r"Starting to load model|Loading \w+ checkpoint shards"),
-        ("compiling", r"Warming up model for the compilation|torch\.compile|Dynamo bytecode"),
+        ("compiling", COMPILING),
         ("profiling memory, sizing the KV cache", r"[Pp]rofiling|KV cache memory|KV cache size"),
         ("capturing graphs", r"Capturing CUDA graph"),
         ("API up", r"Starting vLLM (API )?server|Application startup complete"),

@@ -117,7 +117,7 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert endpoint["generation_tokens_per_s"] is not None, endpoint
     screen = clusters.on_terminal(["top", path, "--interval", "1"], ["spark1", "spark2"], tmp)
     print(screen)
-    assert "serve: running" in screen
+    assert "serve:" in screen and "running" in screen  # the table wraps in a narrow window
     # bench: vLLM's own benchmark against the endpoint, kept as JSON and a plot.
     sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4", "--input-len", "16"]
     measured = cli("bench", path, *sweep, "--output-len", "8", "--json", cwd=tmp)
