@@ -26,6 +26,7 @@ from generator.sections import (
     TEXT,
     Canary,
     Group,
+    Metrics,
     Model,
     Node,
     Ray,
@@ -38,6 +39,7 @@ __all__ = [
     "Canary",
     "Cluster",
     "Group",
+    "Metrics",
     "Model",
     "Node",
     "Ray",
@@ -87,6 +89,11 @@ class Cluster(Strict):
     env: dict[
         Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192), TEXT]
     ] = Field(default_factory=dict, max_length=256, description="Environment added on every node.")
+    metrics: Metrics | None = Field(
+        default=None,
+        description="Prometheus on the head and exporters on every node (`metrics: {}` for the "
+        "defaults; off when absent).",
+    )
     secrets: Secrets = Field(
         default_factory=Secrets,
         description="Secret files; their contents never enter a rendered file, a container's "
@@ -144,7 +151,10 @@ class Cluster(Strict):
         return node.interface or self.interface or ""
 
     def config_hash(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # A section left out by default leaves the hash as it was before the section existed.
+        absent = {"metrics"} if self.metrics is None else set()
+        dump = self.model_dump(mode="json", exclude=absent)
+        canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -134,15 +134,18 @@ class Deployment:
         preflight.must_pass(self.fleet, self.locked, self.lock_file, self.stamped)
 
     def _start(self, result: Result) -> None:
-        c = self.fleet.cluster
+        c, stacks = self.fleet.cluster, self.fleet.stacks
+        if c.metrics:  # first: the exporters see the start too
+            sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
+            self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
         if c.backend == "ray":
             # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM waits for the
             # workers in its placement group; `_serve_up` names a node that did not join in time.
-            self._phase(
-                result, "ray", lambda: self._started("ray", c.nodes, "ray", self.timeouts.ray)
-            )
+            ray = {n: ["ray"] for n in c.nodes}
+            self._phase(result, "ray", lambda: self._started("ray", ray, self.timeouts.ray))
         else:  # the headless ranks, at once (rank 0 waits for them)
-            self._phase(result, "ranks", lambda: self._started("ranks", c.workers, "serve"))
+            ranks = {n: ["serve"] for n in c.workers}
+            self._phase(result, "ranks", lambda: self._started("ranks", ranks))
         serve_timeout = self.timeouts.serve or c.vllm.startup_timeout
         self._phase(result, "serve", lambda: self._serve_up(serve_timeout))
 
@@ -153,22 +156,22 @@ class Deployment:
         result.phases.append((name, time.monotonic() - start))
 
     def _started(
-        self, phase: str, nodes: list[Node], service: str, timeout: float = START_TIMEOUT
+        self, phase: str, services: dict[Node, list[str]], timeout: float = START_TIMEOUT
     ) -> None:
-        """`service` started on every one of `nodes` at once (Compose returns once created);
-        a node whose Compose fails is named with the cause from its log."""
+        """Each node's services started, all nodes at once (Compose returns once created); a
+        node whose Compose fails is named with the cause from its log."""
 
         def start(node: Node) -> Callable[[], None]:
             def run() -> None:
                 try:
-                    self.fleet.compose_up(node, [service])
+                    self.fleet.compose_up(node, services[node])
                 except DockerException as e:
                     raise readiness.failure(self.fleet, node, phase, reason(e)) from None
 
             return run
 
-        if nodes:
-            parallel(phase, {n.name: start(n) for n in nodes}, timeout, self.fleet.report)
+        if services:
+            parallel(phase, {n.name: start(n) for n in services}, timeout, self.fleet.report)
 
     def _serve_up(self, timeout: int) -> None:
         """Start serve and follow its log; probe it with the same real completion its healthcheck
@@ -177,7 +180,7 @@ class Deployment:
         steal CPU from the model load. Meanwhile every other rank must keep running, and with Ray
         every node must have joined within the join timeout."""
         fleet, head, c = self.fleet, self.fleet.head, self.fleet.cluster
-        self._started("serve", [head], "serve")
+        self._started("serve", {head: ["serve"]})
         if c.backend == "ray":
             others = [(n, "ray") for n in c.nodes]
             join = readiness.Join(self.timeouts.join)

@@ -83,11 +83,23 @@ class Fleet:
 
     def images(self, nodes: list[Node] | None = None) -> dict[str, str]:
         """The wrapper image on every node (or those given): node -> what it took."""
-        targets = [
-            images.Target(n.name, self.docker[n.name], self.outdir / n.name)
+        targets = {
+            n.name: images.Target(n.name, self.docker[n.name], self.outdir / n.name)
             for n in nodes or self.cluster.nodes
-        ]
-        return images.distribute(targets, self.wrapper, self.cluster.image, self.report)
+        }
+        took = images.distribute(
+            list(targets.values()), self.wrapper, self.cluster.image, self.report
+        )
+        # The metrics services' images, as they are, on each node that runs them.
+        wanted: dict[str, list[images.Target]] = {}
+        for name, target in targets.items():
+            for sidecar in self.stacks[name].sidecars:
+                wanted.setdefault(sidecar.image, []).append(target)
+        for image, where in wanted.items():
+            for node, what in images.spread(where, image, self.report).items():
+                if what != "present":
+                    self.report(f"image: {image} {what} on {node}")
+        return took
 
     def push_secrets(self, nodes: list[Node] | None = None) -> dict[str, dict[str, float]]:
         """Each node's secret files onto the node, all nodes (or those given) at once; node ->

@@ -115,14 +115,43 @@ def _pump(
 def distribute(targets: list[Target], tag: str, base: str, report: Report) -> dict[str, str]:
     """Every node ends with `tag`; returns node -> 'present', 'built' or 'streamed'."""
     outcome = _all_at_once({t.name: partial(ensure, t, tag, base) for t in targets})
+    hint = f"docker save {base} | docker --context <node> load"
+    missing = f"base image {base} is not there and cannot be pulled; no node has {tag}"
+    return _stream_lacking(targets, tag, outcome, report, missing, hint)
+
+
+def spread(targets: list[Target], image: str, report: Report) -> dict[str, str]:
+    """An image used as it is (the metrics services') on every node: 'present', 'pulled', or
+    'streamed' from a node that has it."""
+
+    def get(target: Target) -> str:
+        if target.docker.image.exists(image):
+            return "present"
+        try:
+            target.docker.image.pull(image, quiet=True)
+        except DockerException:
+            return "no-base"
+        return "pulled"
+
+    outcome = _all_at_once({t.name: partial(get, t) for t in targets})
+    hint = f"docker save {image} | docker --context <node> load"
+    missing = f"image {image} is not there and cannot be pulled; no node has it"
+    return _stream_lacking(targets, image, outcome, report, missing, hint)
+
+
+def _stream_lacking(
+    targets: list[Target],
+    tag: str,
+    outcome: dict[str, str],
+    report: Report,
+    missing: str,
+    hint: str,
+) -> dict[str, str]:
+    """`tag` streamed to every node whose outcome is 'no-base', from one that has it."""
     have = [t for t in targets if outcome[t.name] != "no-base"]
     lacking = [t for t in targets if outcome[t.name] == "no-base"]
     if lacking and not have:
-        raise DockerError(
-            lacking[0].name,
-            f"base image {base} is not there and cannot be pulled; no node has {tag}",
-            hint=f"docker save {base} | docker --context <node> load",
-        )
+        raise DockerError(lacking[0].name, missing, hint=hint)
 
     def copy(t: Target) -> str:
         moved = stream(tag, have[0], t, report)

@@ -141,6 +141,13 @@ def opened_ports(c: Cluster) -> dict[str, int]:
             ports["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
     else:
         ports["vllm.master_port"] = c.vllm.master_port
+    if c.metrics:
+        ports["metrics.port"] = c.metrics.port
+        ports["metrics.node_exporter_port"] = c.metrics.node_exporter_port
+        if c.backend == "ray":
+            ports["metrics.ray_port"] = c.metrics.ray_port
+        if c.accelerator == "nvidia":
+            ports["metrics.dcgm_port"] = c.metrics.dcgm_port
     return ports
 
 
@@ -237,6 +244,10 @@ def warnings(c: Cluster) -> list[str]:
             "ray.token_auth: off; Ray's GCS and node ports listen on every address of every node"
             " and run whatever anyone who reaches them sends"
         )
+    listen = c.metrics.listen if c.metrics else None
+    if listen and (listen.is_unspecified or not listen.is_private):
+        where = "every address of the head" if listen.is_unspecified else "a public address"
+        found.append(f"metrics.listen: {listen}; Prometheus answers on {where}, unauthenticated")
     if "--trust-remote-code" in c.vllm.args:
         found.append("vllm.args: --trust-remote-code runs code from the model repository")
     return found

@@ -215,3 +215,48 @@ class Canary(Strict):
         if (self.prompt is None) != (self.expect is None):
             raise ValueError("set both prompt and expect, or neither")
         return self
+
+
+class Metrics(Strict):
+    prometheus_image: str = Field(
+        default="prom/prometheus:v3.5.0",
+        pattern=IMAGE,
+        description="Prometheus image, run on the head; it scrapes every exporter over the "
+        "private link and vLLM's /metrics with the API key.",
+    )
+    node_exporter_image: str = Field(
+        default="prom/node-exporter:v1.9.1",
+        pattern=IMAGE,
+        description="Node exporter image, run on every node (host CPU, memory, disks, network).",
+    )
+    dcgm_exporter_image: str = Field(
+        default="nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+        pattern=IMAGE,
+        description="NVIDIA's DCGM exporter image, run on every node with `accelerator: nvidia`.",
+    )
+    port: Port = Field(default=9090, description="Port of Prometheus on the head.")
+    listen: Annotated[IPv4Address, Field(strict=False)] | None = Field(
+        default=None,
+        description="Address Prometheus listens on (default: the head's private IP; 0.0.0.0 "
+        "opens it on every address). The exporters listen on each node's private IP only.",
+    )
+    node_exporter_port: Port = Field(default=9100, description="Port of each node's exporter.")
+    ray_port: Port = Field(
+        default=8090, description="Ray's metrics export port on each Ray node (backend: ray)."
+    )
+    dcgm_port: Port = Field(default=9400, description="Port of each node's DCGM exporter.")
+    scrape_interval: int = Field(
+        default=15, ge=1, le=3600, description="Seconds between two scrapes of every target."
+    )
+    retention: str = Field(
+        default="15d",
+        pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$",
+        description="How long Prometheus keeps its samples (its volume on the head), e.g. 15d.",
+    )
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _listen_is_written_as_an_address(cls, value: object) -> object:
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"expected an address like 192.168.200.12, got {value!r}")
+        return value

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 
-from generator import services
+from generator import monitoring, services
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
 from generator.services import Service
 
@@ -122,6 +122,7 @@ class NodeStack:
     @property
     def used_secrets(self) -> dict[str, str]:
         used = {name for s in self.services for name in s.secrets}
+        used |= {name for s in self.sidecars for name in s.secrets}
         return {name: path for name, path in self.secrets.items() if name in used}
 
     @property
@@ -132,12 +133,18 @@ class NodeStack:
     @property
     def configs(self) -> dict[str, str]:
         """Compose configs (name -> content), copied into the containers at create."""
-        return {"vllm-ray-env": self.carry_over_exclusions} if self.cluster.backend == "ray" else {}
+        found = (
+            {"vllm-ray-env": self.carry_over_exclusions} if self.cluster.backend == "ray" else {}
+        )
+        if self.cluster.metrics and self.is_head:
+            found[monitoring.PROMETHEUS_CONFIG] = monitoring.prometheus_config(self.cluster)
+        return found
 
     @property
     def config_targets(self) -> list[tuple[str, str]]:
         """(config, target) for each Ray service."""
-        return [("vllm-ray-env", f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}")] if self.configs else []
+        ray = self.cluster.backend == "ray"
+        return [("vllm-ray-env", f"{VLLM_CONFIG_ROOT}/{CARRY_OVER_FILE}")] if ray else []
 
     @property
     def labels(self) -> dict[str, str]:
@@ -159,7 +166,18 @@ class NodeStack:
         ]  # fmt: skip
         return [replace(s, fingerprint=self._fingerprint(s)) for s in done]
 
-    def _fingerprint(self, service: Service) -> str:
+    @cached_property
+    def sidecars(self) -> list[monitoring.Sidecar]:
+        """Services beside the group (the `metrics` section's), each with its fingerprint."""
+        found = monitoring.sidecars(self)
+        # A changed prometheus.yml must recreate Prometheus: its content counts too.
+        contents = [[self.configs[name] for name, _ in s.configs] for s in found]
+        return [
+            replace(s, fingerprint=self._fingerprint(s, content))
+            for s, content in zip(found, contents, strict=True)
+        ]
+
+    def _fingerprint(self, service: Service | monitoring.Sidecar, *more: object) -> str:
         """Hash of everything a service is rendered from. Its label changes only when the
         service does, so `compose up` after a config change recreates just what changed."""
         shape = [
@@ -170,6 +188,7 @@ class NodeStack:
             self.devices,
             self.cap_add,
             self.memlock_unlimited,
+            *more,
         ]
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
@@ -216,4 +235,5 @@ class NodeStack:
     @property
     def named_volumes(self) -> list[str]:
         shared = ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
-        return [*shared, self.cache_volume]
+        metrics = [monitoring.PROMETHEUS_DATA] if self.cluster.metrics and self.is_head else []
+        return [*shared, self.cache_volume, *metrics]

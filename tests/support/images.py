@@ -15,7 +15,9 @@ from python_on_whales import DockerClient
 
 CACHE = Path("/var/cache/vllm-compose-test")
 DEBIAN = "vllm-compose-test/debian:bookworm"
-RAY = "vllm-compose-test/ray:2.58.0"
+# Ray with its dashboard extra, as `pip install 'ray[default]'`: its metrics agent (and so
+# `ray start --metrics-export-port`) needs it. vLLM's own dependency is Ray without it.
+RAY = "vllm-compose-test/ray:2.58.0-default"
 RAY_VERSION = "2.58.0"
 # Tagged by the stand-in's content: a changed stand-in is a new image, never a stale cached one.
 STANDIN = (
@@ -32,6 +34,14 @@ VLLM = (
     + hashlib.sha256(PLATFORM.read_bytes()).hexdigest()[:8]
 )
 MODEL = "tiny-llama"  # folder name of the generated model
+# Prometheus and its node exporter from Debian's packages, each with the entrypoint of the
+# official image (prom/prometheus, prom/node-exporter), which `metrics` passes flags to.
+PROMETHEUS = "vllm-compose-test/prometheus:debian-2.42"
+NODE_EXPORTER = "vllm-compose-test/node-exporter:debian-1.5"
+EXPORTERS = {
+    PROMETHEUS: ("prometheus", "prometheus", "/bin/prometheus"),
+    NODE_EXPORTER: ("prometheus-node-exporter", "prometheus-node-exporter", "/bin/node_exporter"),
+}
 
 # Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
 # The __main__ guard matters: vLLM starts its engine with multiprocessing's spawn.
@@ -115,7 +125,7 @@ def _pip_target(
 
 
 def _ray_site() -> Path:
-    return _pip_target(f"ray-{RAY_VERSION}-site", [f"ray=={RAY_VERSION}"])
+    return _pip_target(f"ray-{RAY_VERSION}-default-site", [f"ray[default]=={RAY_VERSION}"])
 
 
 def debian_base(docker: DockerClient) -> str:
@@ -183,6 +193,38 @@ def _libnuma() -> Path:
                 subprocess.run(download, cwd=tmp, check=True)
             shutil.move(next(Path(tmp).glob("libnuma1_*.deb")), deb)
     return deb
+
+
+def _deb(package: str) -> Path:
+    """A Debian package's .deb, downloaded once into CACHE."""
+    found = sorted(CACHE.glob(f"{package}_*.deb"))
+    if not found:
+        with tempfile.TemporaryDirectory() as tmp:
+            download = ["apt-get", "download", "-q", package]
+            if subprocess.run(download, cwd=tmp, check=False).returncode != 0:
+                subprocess.run(["apt-get", "update", "-qq"], check=True)
+                subprocess.run(download, cwd=tmp, check=True)
+            CACHE.mkdir(parents=True, exist_ok=True)
+            shutil.move(next(Path(tmp).glob(f"{package}_*.deb")), CACHE)
+        found = sorted(CACHE.glob(f"{package}_*.deb"))
+    return found[-1]
+
+
+def metrics_image(docker: DockerClient, tag: str) -> str:
+    """PROMETHEUS or NODE_EXPORTER: the package's binary (Go, it needs only libc) on the minimal
+    Debian, where the official image has it."""
+    debian_base(docker)
+    if not docker.image.exists(tag):
+        package, binary, entrypoint = EXPORTERS[tag]
+        with tempfile.TemporaryDirectory() as context:
+            subprocess.run(["dpkg-deb", "-x", str(_deb(package)), f"{context}/x"], check=True)
+            shutil.copy(f"{context}/x/usr/bin/{binary}", f"{context}/binary")
+            (Path(context) / "Dockerfile").write_text(
+                f"FROM {DEBIAN}\nCOPY binary {entrypoint}\nRUN mkdir -p /prometheus\n"
+                f'WORKDIR /prometheus\nENTRYPOINT ["{entrypoint}"]\n'
+            )
+            docker.legacy_build(context, tags=[tag])
+    return tag
 
 
 def _vllm_cpu(docker: DockerClient) -> str:

@@ -1,0 +1,109 @@
+"""The `metrics` section's services: Prometheus on the head, a node exporter on every node, NVIDIA's
+DCGM exporter on every node with `accelerator: nvidia`; and what Prometheus scrapes (those, vLLM's
+/metrics with the API key, and Ray's metrics export port on each Ray node). Every one listens on
+its node's private IP only, Prometheus where `metrics.listen` says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import yaml
+
+if TYPE_CHECKING:
+    from generator.config import Cluster, Metrics, Node
+    from generator.stack import NodeStack
+
+PROMETHEUS_CONFIG = "prometheus-config"
+PROMETHEUS_DATA = "prometheus-data"
+PROMETHEUS_FILE = "/etc/prometheus/prometheus.yml"
+# Compose mounts a service's secrets at /run/secrets/<name>.
+API_KEY_FILE = "/run/secrets/api_key"
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A service beside the group, on an image of its own: nothing waits for it, and the group's
+    checks and recoveries leave it out (`watch` recreates it with the group)."""
+
+    name: str
+    image: str
+    command: list[str]
+    user: str | None = None  # None: the image's own
+    pid_host: bool = False
+    all_gpus: bool = False
+    volumes: list[str] = field(default_factory=list)  # named volumes, "name:/path"
+    secrets: list[str] = field(default_factory=list)
+    configs: list[tuple[str, str]] = field(default_factory=list)
+    fingerprint: str = ""  # set by NodeStack.sidecars
+
+
+def sidecars(stack: NodeStack) -> list[Sidecar]:
+    """The node's metrics services (none without a `metrics` section)."""
+    m, c, ip = stack.cluster.metrics, stack.cluster, str(stack.node.ip)
+    if m is None:
+        return []
+    found = [
+        # In the node's PID and network namespaces, its /proc and /sys are the node's: no host
+        # folder is mounted (the node's / would hold the engine's socket). Filesystems are the
+        # container's own.
+        Sidecar(
+            "node-exporter",
+            m.node_exporter_image,
+            [f"--web.listen-address={ip}:{m.node_exporter_port}"],
+            pid_host=True,
+        )
+    ]
+    if c.accelerator == "nvidia":
+        found.append(
+            Sidecar(
+                "dcgm-exporter",
+                m.dcgm_exporter_image,
+                ["-a", f"{ip}:{m.dcgm_port}"],
+                all_gpus=True,  # no SYS_ADMIN: DCGM's profiling (DCP) metrics stay off
+            )
+        )
+    if stack.is_head:
+        found.append(_prometheus(m, str(m.listen or ip)))
+    return found
+
+
+def _prometheus(m: Metrics, listen: str) -> Sidecar:
+    return Sidecar(
+        "prometheus",
+        m.prometheus_image,
+        [
+            f"--config.file={PROMETHEUS_FILE}",
+            "--storage.tsdb.path=/prometheus",
+            f"--storage.tsdb.retention.time={m.retention}",
+            f"--web.listen-address={listen}:{m.port}",
+        ],
+        # The API key's file is root's (mode 0600, mounted by Compose as it is on the node).
+        user="0",
+        volumes=[f"{PROMETHEUS_DATA}:/prometheus"],
+        secrets=["api_key"],
+        configs=[(PROMETHEUS_CONFIG, PROMETHEUS_FILE)],
+    )
+
+
+def prometheus_config(c: Cluster) -> str:
+    """prometheus.yml: every target by its private IP, labelled with its node's name."""
+    m = c.metrics
+    assert m is not None
+    jobs = [_job("vllm", [c.head], c.vllm.port)]
+    jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+    jobs.append(_job("node", c.nodes, m.node_exporter_port))
+    if c.backend == "ray":
+        jobs.append(_job("ray", c.nodes, m.ray_port))
+    if c.accelerator == "nvidia":
+        jobs.append(_job("dcgm", c.nodes, m.dcgm_port))
+    interval = f"{m.scrape_interval}s"
+    timeout = f"{min(m.scrape_interval, 10)}s"
+    scrape = {"scrape_interval": interval, "scrape_timeout": timeout}
+    config = {"global": scrape, "scrape_configs": jobs}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _job(name: str, nodes: list[Node], port: int) -> dict[str, object]:
+    targets = [{"targets": [f"{n.ip}:{port}"], "labels": {"node": n.name}} for n in nodes]
+    return {"job_name": name, "static_configs": targets}

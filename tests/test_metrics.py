@@ -1,0 +1,121 @@
+"""The `metrics` section as rendered: Prometheus on the head, exporters on every node, each on its
+node's private IP, and what Prometheus scrapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from generator import config, render, rules
+from generator.errors import ConfigError
+from generator.stack import NodeStack
+
+CASES = Path(__file__).parent / "cases"
+
+NATIVE_CPU = """\
+name: m
+image: vllm/vllm-openai:v0.32.0
+backend: native
+accelerator: none
+interface: eth0
+nodes:
+  - {name: a, ip: 10.0.0.1}
+  - {name: b, ip: 10.0.0.2}
+model: {path: /models/m}
+"""
+
+
+def stacks(text: str) -> dict[str, dict[str, Any]]:
+    files = render.render(config.parse(text), "m.yaml")
+    return {
+        rel.split("/")[0]: yaml.safe_load(f.text)
+        for rel, f in files.items()
+        if rel.endswith("compose.yaml")
+    }
+
+
+def four_nodes() -> dict[str, dict[str, Any]]:
+    return stacks((CASES / "four-node-pp.yaml").read_text())
+
+
+def test_every_node_runs_its_exporters_on_its_private_ip_and_the_head_runs_prometheus() -> None:
+    cluster = config.load(CASES / "four-node-pp.yaml")
+    found = four_nodes()
+    for node in cluster.nodes:
+        services = found[node.name]["services"]
+        want = {"ray", "node-exporter", "dcgm-exporter"} | (
+            {"serve", "prometheus"} if node == cluster.head else set()
+        )
+        assert set(services) == want, node.name
+        exporter = services["node-exporter"]
+        assert exporter["command"][0] == f"--web.listen-address={node.ip}:9100"
+        assert exporter["pid"] == "host" and "volumes" not in exporter
+        assert services["dcgm-exporter"]["command"] == ["-a", f"{node.ip}:9400"]
+        assert services["dcgm-exporter"]["deploy"]["resources"]["reservations"]["devices"]
+        ray = services["ray"]["command"]
+        assert ray[ray.index("--metrics-export-port") + 1] == "8090"
+    head = found[cluster.head.name]
+    prometheus = head["services"]["prometheus"]
+    assert f"--web.listen-address={cluster.head.ip}:9090" in prometheus["command"]
+    assert prometheus["secrets"] == ["api_key"]
+    assert "prometheus-data" in head["volumes"]
+
+
+def test_prometheus_scrapes_vllm_with_the_key_and_every_exporter_by_node() -> None:
+    cluster = config.load(CASES / "four-node-pp.yaml")
+    head = four_nodes()[cluster.head.name]
+    scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
+    assert scraped["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s"}
+    jobs = {job["job_name"]: job for job in scraped["scrape_configs"]}
+    assert list(jobs) == ["vllm", "node", "ray", "dcgm"]
+    assert jobs["vllm"]["authorization"]["credentials_file"] == "/run/secrets/api_key"
+    assert jobs["vllm"]["static_configs"] == [
+        {"targets": [f"{cluster.head.ip}:8000"], "labels": {"node": cluster.head.name}}
+    ]
+    for job, port in (("node", 9100), ("ray", 8090), ("dcgm", 9400)):
+        assert jobs[job]["static_configs"] == [
+            {"targets": [f"{n.ip}:{port}"], "labels": {"node": n.name}} for n in cluster.nodes
+        ]
+
+
+def test_without_a_gpu_or_ray_there_is_no_dcgm_or_ray_target_and_off_means_nothing() -> None:
+    found = stacks(NATIVE_CPU + "metrics: {}\n")
+    assert set(found["a"]["services"]) == {"serve", "node-exporter", "prometheus"}
+    assert set(found["b"]["services"]) == {"serve", "node-exporter"}
+    scraped = yaml.safe_load(found["a"]["configs"]["prometheus-config"]["content"])
+    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]
+    off = stacks(NATIVE_CPU)
+    assert set(off["a"]["services"]) == {"serve"} and "configs" not in off["a"]
+
+
+def test_a_metrics_port_taken_by_another_setting_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.parse(NATIVE_CPU + "metrics: {node_exporter_port: 8000}\n")
+    assert caught.value.problems == [
+        "vllm.port: 8000 is taken by metrics.node_exporter_port; choose another"
+    ]
+
+
+def test_prometheus_on_every_address_is_allowed_with_a_warning() -> None:
+    cluster = config.parse(NATIVE_CPU + "metrics: {listen: 0.0.0.0}\n")
+    assert rules.warnings(cluster) == [
+        "metrics.listen: 0.0.0.0; Prometheus answers on every address of the head, unauthenticated"
+    ]
+    prometheus = stacks(NATIVE_CPU + "metrics: {listen: 0.0.0.0}\n")["a"]["services"]["prometheus"]
+    assert "--web.listen-address=0.0.0.0:9090" in prometheus["command"]
+    assert rules.warnings(config.parse(NATIVE_CPU + "metrics: {}\n")) == []
+
+
+def test_a_changed_scrape_interval_recreates_prometheus_alone() -> None:
+    def fingerprints(text: str) -> dict[str, str]:
+        cluster = config.parse(text)
+        stack = NodeStack(cluster, cluster.head, "m.yaml", "wrapper:1")
+        found = {s.name: s.fingerprint for s in stack.services}
+        return found | {s.name: s.fingerprint for s in stack.sidecars}
+
+    before = fingerprints(NATIVE_CPU + "metrics: {}\n")
+    after = fingerprints(NATIVE_CPU + "metrics: {scrape_interval: 5}\n")
+    assert [name for name in before if before[name] != after[name]] == ["prometheus"]
