@@ -1,7 +1,8 @@
 """The `metrics` section's services: Prometheus on the head, a node exporter on every node, NVIDIA's
 DCGM exporter on every node with `accelerator: nvidia`; and what Prometheus scrapes (those, vLLM's
-/metrics with the API key, and Ray's metrics export port on each Ray node). Every one listens on
-its node's private IP only, Prometheus where `metrics.listen` says."""
+/metrics with the API key, and Ray's metrics export port on each Ray node when `metrics.ray_port`
+names it). Every one of ours listens on its node's private IP only, Prometheus where
+`metrics.listen` says; Ray binds its metrics port to every address, hence off by default."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def prometheus_config(c: Cluster) -> str:
     jobs = [_job("vllm", [c.head], c.vllm.port)]
     jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
     jobs.append(_job("node", c.nodes, m.node_exporter_port))
-    if c.backend == "ray":
+    if c.backend == "ray" and m.ray_port:
         jobs.append(_job("ray", c.nodes, m.ray_port))
     if c.accelerator == "nvidia":
         jobs.append(_job("dcgm", c.nodes, m.dcgm_port))

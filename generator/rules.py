@@ -144,7 +144,7 @@ def opened_ports(c: Cluster) -> dict[str, int]:
     if c.metrics:
         ports["metrics.port"] = c.metrics.port
         ports["metrics.node_exporter_port"] = c.metrics.node_exporter_port
-        if c.backend == "ray":
+        if c.backend == "ray" and c.metrics.ray_port:
             ports["metrics.ray_port"] = c.metrics.ray_port
         if c.accelerator == "nvidia":
             ports["metrics.dcgm_port"] = c.metrics.dcgm_port

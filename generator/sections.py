@@ -241,8 +241,10 @@ class Metrics(Strict):
         "opens it on every address). The exporters listen on each node's private IP only.",
     )
     node_exporter_port: Port = Field(default=9100, description="Port of each node's exporter.")
-    ray_port: Port = Field(
-        default=8090, description="Ray's metrics export port on each Ray node (backend: ray)."
+    ray_port: Port | None = Field(
+        default=None,
+        description="Ray's metrics export port on each Ray node (backend: ray; the image's Ray "
+        "needs its dashboard extra). Off by default: Ray binds it to every address of the node.",
     )
     dcgm_port: Port = Field(default=9400, description="Port of each node's DCGM exporter.")
     scrape_interval: int = Field(

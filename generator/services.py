@@ -59,7 +59,7 @@ def _ray_start(stack: NodeStack) -> list[str]:
     store = c.ray.object_store_memory or c.settings.object_store_memory
     if store:
         cmd += ["--object-store-memory", str(store)]
-    if c.metrics:
+    if c.metrics and c.metrics.ray_port:
         cmd += ["--metrics-export-port", str(c.metrics.ray_port)]
     return cmd
 

@@ -116,9 +116,22 @@ def test_a_worker_that_cannot_join_is_named_at_the_join_deadline(stack: Pair) ->
 
 
 def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack: Pair) -> None:
+    """With `metrics`: Prometheus on the head scrapes every node's exporter and real Ray's metrics
+    export port on every node (the image's Ray has its dashboard extra)."""
     bed, tmp = stack
     config = write_config(tmp / "c.yaml", "trio", bed.nodes)
-    assert cli("up", config, cwd=tmp).returncode == 0
+    with config.open("a") as f:
+        f.write(clusters.METRICS.replace("}", ", ray_port: 8090}") + "\n")
+    for image in (images.PROMETHEUS, images.NODE_EXPORTER):
+        bed.load_image(images.metrics_image(DockerClient(), image))
+    first = cli("up", config, cwd=tmp)
+    assert first.returncode == 0, first.stderr
+    names = sorted(n.name for n in bed.nodes)
+    load = clusters.promql(bed.nodes[1], "node_load1", len(names))
+    assert sorted(r["metric"]["node"] for r in load) == names
+    ray = clusters.promql(bed.nodes[1], 'count by (node) ({job="ray", __name__=~"ray_.+"})', 3)
+    assert sorted(r["metric"]["node"] for r in ray) == names
+    assert all(int(r["value"][1]) > 10 for r in ray), ray  # Ray's own series
     before = {n.name: {s: c.id for s, c in containers(n, "trio").items()} for n in bed.nodes}
     again = cli("up", config, cwd=tmp)
     assert again.returncode == 0, again.stderr

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from matplotlib import image
+from python_on_whales import DockerClient, DockerException
 
 from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
@@ -71,10 +72,16 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
 ) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
-    path = config(tmp, bed, "native", "native")
+    path = config(tmp, bed, "native", "native", extra=clusters.METRICS)
+    # The metrics images on the head alone: `up` streams the node exporter's to the worker.
+    for tag in (images.PROMETHEUS, images.NODE_EXPORTER):
+        bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head])
+    with contextlib.suppress(DockerException):
+        worker.docker.image.remove(images.NODE_EXPORTER, force=True)
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr
     assert "ready: http://192.168.200.12:30000/v1" in up.stdout
+    assert f"image: {images.NODE_EXPORTER} streamed on spark2" in up.stderr
     # The start, phase by phase, read from vLLM's own log.
     phases = [line.strip() for line in up.stderr.splitlines() if "serve: spark1: " in line]
     print("\n".join(phases))
@@ -100,6 +107,11 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert answer["object"] == "chat.completion"
     assert answer["usage"]["completion_tokens"] == 4
     assert answer["choices"][0]["message"]["content"]
+    # Prometheus on the head scrapes vLLM's /metrics (with the key) and both nodes' exporters.
+    served = clusters.promql(worker, "vllm:prompt_tokens_total > 0", 1)
+    assert [r["metric"]["node"] for r in served] == ["spark1"]
+    load = clusters.promql(worker, "node_load1", 2)
+    assert sorted(r["metric"]["node"] for r in load) == ["spark1", "spark2"]
     # Tensor parallelism really spans the nodes: the worker's container holds rank 1 of 2.
     worker_log = worker.docker.container.logs("native-serve-1")
     assert "world_size=2 rank=1" in worker_log

@@ -119,3 +119,11 @@ def test_a_changed_scrape_interval_recreates_prometheus_alone() -> None:
     before = fingerprints(NATIVE_CPU + "metrics: {}\n")
     after = fingerprints(NATIVE_CPU + "metrics: {scrape_interval: 5}\n")
     assert [name for name in before if before[name] != after[name]] == ["prometheus"]
+
+
+def test_rays_metrics_port_is_off_unless_named_as_ray_binds_it_to_every_address() -> None:
+    ray_cpu = NATIVE_CPU.replace("backend: native", "backend: ray")
+    head = stacks(ray_cpu + "metrics: {}\n")["a"]
+    assert "--metrics-export-port" not in head["services"]["ray"]["command"]
+    scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
+    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]

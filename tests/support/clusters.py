@@ -3,6 +3,7 @@ runs it, and the containers a project left on a node."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shlex
@@ -13,9 +14,11 @@ import tarfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from python_on_whales import Container, DockerClient
 
+from tests.support import images
 from tests.support.testbed import IFNAME, MODELS, Node, Testbed
 
 # A test's testbed and its own folder (the fixtures named `pair` and `stack`).
@@ -24,6 +27,12 @@ Pair = tuple[Testbed, Path]
 # What the Ray STAND-IN serves (it loads nothing): a model folder with a file, on every node, so
 # preflight's model check has something to compare.
 STANDIN_MODEL = f"{MODELS}/standin-model"
+# Prometheus and the node exporter from Debian's packages (tests/support/images.py), scraping each
+# second, so that a test sees every target within seconds.
+METRICS = (
+    f"metrics: {{prometheus_image: {images.PROMETHEUS}, node_exporter_image: {images.NODE_EXPORTER},"
+    " scrape_interval: 1}"
+)
 
 
 def place_standin_model(bed: Testbed) -> None:
@@ -216,3 +225,21 @@ def on_terminal(args: list[str | Path], want: list[str], cwd: Path, limit: float
         raise AssertionError(f"not on the terminal after {limit:g} s: {want}\n{screen}")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+def promql(node: Node, query: str, want: int, seconds: float = 60) -> list[dict[str, Any]]:
+    """The head's Prometheus (port 9090) asked `query` from `node` until it returns at least
+    `want` series (bounded: once a second for `seconds`); the query and result are printed."""
+    url = "http://192.168.200.12:9090/api/v1/query"
+    found: list[dict[str, Any]] = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        out = node.nsexec("curl", "-s", "-m", "5", url, "--data-urlencode", f"query={query}",
+                          check=False)  # fmt: skip
+        if out.returncode == 0 and out.stdout:
+            found = json.loads(out.stdout).get("data", {}).get("result", [])
+            if len(found) >= want:
+                break
+        time.sleep(1)
+    print(f"PromQL {query}:\n{json.dumps(found, indent=1)}")
+    return found

@@ -21,7 +21,7 @@ RAY = "vllm-compose-test/ray:2.58.0-default"
 RAY_VERSION = "2.58.0"
 # Tagged by the stand-in's content: a changed stand-in is a new image, never a stale cached one.
 STANDIN = (
-    "vllm-compose-test/ray-standin:2.58.0-"
+    "vllm-compose-test/ray-standin:2.58.0-default-"
     + hashlib.sha256((Path(__file__).parent / "standin_vllm.py").read_bytes()).hexdigest()[:8]
 )
 VLLM_VERSION = "0.32.0"
