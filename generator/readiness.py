@@ -78,8 +78,23 @@ class Watched:
     join: Join | None = None
     started: bool = False
     last: str = "not probed yet"
-    phases: startlog.Tracker = field(default_factory=startlog.Tracker)
+    trackers: dict[str, startlog.Tracker] = field(default_factory=dict)  # node -> its phases
     began: float = field(default_factory=time.monotonic)
+
+    @property
+    def phases(self) -> startlog.Tracker:
+        """The followed node's phases."""
+        return self.trackers.setdefault(self.node.name, startlog.Tracker())
+
+    def track(self, node: Node, line: str) -> None:
+        """Say the phase a node's line begins: one of the followed log's (a Ray worker's line
+        there names its node), or of another node's own log (a native rank's)."""
+        ip = startlog.origin(line)
+        node = next((n for n in self.fleet.cluster.nodes if str(n.ip) == ip), node)
+        tracker = self.trackers.setdefault(node.name, startlog.Tracker())
+        if seen := tracker.advance(line, time.monotonic()):
+            took = time.monotonic() - self.began
+            self.fleet.report(f"{self.phase}: {node.name}: {seen} ({took:.0f} s)")
 
     def probe(self, probe: list[str]) -> bool:
         try:
@@ -116,9 +131,8 @@ class Watched:
 
     def read(self, line: str | None) -> None:
         """One line of the followed log (None: it ended, the container stopped)."""
-        if line is not None and (seen := self.phases.advance(line, time.monotonic())):
-            took = time.monotonic() - self.began
-            self.fleet.report(f"{self.phase}: {self.node.name}: {seen} ({took:.0f} s)")
+        if line is not None:
+            self.track(self.node, line)
         if line is None or STARTED in line:
             self.started = True
         elif probes.EXITED in (probes.supervisor_said(line) or ""):
@@ -145,23 +159,43 @@ def wait(watched: Watched, probe: list[str], limit: float, follow: bool = False)
     container stops, with the cause from its log."""
     fleet, node = watched.fleet, watched.node
     watched.started = not follow
-    with fleet.follow(node, watched.service) if follow else contextlib.nullcontext() as lines:
-        start = reported = time.monotonic()
-        probed = start - PROBE_EVERY
-        while True:
-            now = time.monotonic()
-            if now - probed >= (1 if watched.started else PROBE_EVERY):
-                probed = now
-                if watched.probe(probe):
-                    return
-            watched.joined()
-            if now - start > limit:
-                message = f"not ready after {limit:g} s: {watched.last}"
-                raise failure(fleet, node, watched.phase, message)
-            if now - max(reported, watched.phases.since) >= _every(watched):
-                fleet.report(_waiting(watched, now - start))
-                reported = now
-            _read_a_second(watched, lines)
+    # The other ranks of the same service (the native backend's) are followed for their phases.
+    ranks = [n for n, service in watched.others if follow and service == watched.service]
+    with contextlib.ExitStack() as stack:
+        lines = stack.enter_context(fleet.follow(node, watched.service)) if follow else None
+        theirs = [(n, stack.enter_context(fleet.follow(n, watched.service))) for n in ranks]
+        _wait(watched, probe, limit, lines, theirs)
+
+
+def _wait(
+    watched: Watched,
+    probe: list[str],
+    limit: float,
+    lines: queue.Queue[str | None] | None,
+    theirs: list[tuple[Node, queue.Queue[str | None]]],
+) -> None:
+    """`wait` with its logs open: `lines` the followed service's, `theirs` the other ranks'."""
+    fleet, node = watched.fleet, watched.node
+    start = reported = time.monotonic()
+    probed = start - PROBE_EVERY
+    while True:
+        now = time.monotonic()
+        if now - probed >= (1 if watched.started else PROBE_EVERY):
+            probed = now
+            if watched.probe(probe):
+                return
+        watched.joined()
+        if now - start > limit:
+            message = f"not ready after {limit:g} s: {watched.last}"
+            raise failure(fleet, node, watched.phase, message)
+        if now - max(reported, watched.phases.since) >= _every(watched):
+            fleet.report(_waiting(watched, now - start))
+            reported = now
+        _read_a_second(watched, lines)
+        for rank, said in theirs:
+            while not said.empty():
+                if (line := said.get_nowait()) is not None:
+                    watched.track(rank, line)
 
 
 def _every(watched: Watched) -> float:

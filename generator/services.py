@@ -122,7 +122,13 @@ def _serve(stack: NodeStack) -> Service:
         depends_on="ray",
         pid_of="ray",
         volumes=[f"shared-tmp:{SHARED_TMP}"],
-        environment={"RAY_ADDRESS": stack.gcs_address, **group(stack, members=True)},
+        # Every worker's lines in serve's log, each naming its node: Ray would drop the lines
+        # one worker logs like another (the same load, the same error on every node).
+        environment={
+            "RAY_ADDRESS": stack.gcs_address,
+            "RAY_DEDUP_LOGS": "0",
+            **group(stack, members=True),
+        },
         secrets=list(stack.secrets),
         configs=stack.config_targets,
     )

@@ -31,6 +31,10 @@ PHASES: list[tuple[str, re.Pattern[str]]] = [
         ("API up", r"Starting vLLM (API )?server|Application startup complete"),
     ]
 ]
+# A Ray worker's lines in the driver's log name the worker's node when it is not the driver's,
+# in colour: "\x1b[36m(RayWorkerProc pid=812, ip=192.168.200.13)\x1b[0m INFO ...". Ray drops a
+# line that another worker logged too, unless RAY_DEDUP_LOGS=0 (serve sets it).
+RAY_ORIGIN = re.compile(r"^(?:\x1b\[[0-9;]*m)?\(\w+ pid=\d+, ip=([0-9.]+)\)")
 WITH_PERCENT = ("loading weights", "capturing graphs")  # tqdm's bars in these phases' lines
 PERCENT = re.compile(r"(\d{1,3})%")
 
@@ -51,6 +55,12 @@ def read(line: str) -> Seen | None:
             found = PERCENT.search(line) if phase in WITH_PERCENT else None
             return Seen(phase, int(found.group(1)) if found else None)
     return None
+
+
+def origin(line: str) -> str | None:
+    """The IP of the node a line of a Ray driver's log comes from, when it says."""
+    found = RAY_ORIGIN.match(line)
+    return found.group(1) if found else None
 
 
 @dataclass

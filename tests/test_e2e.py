@@ -87,6 +87,7 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     print("\n".join(phases))
     assert any("loading weights" in line for line in phases), up.stderr
     assert phases[-1].startswith("serve: spark1: API up ("), up.stderr
+    assert "serve: spark2: loading weights" in up.stderr  # the worker's phases, from its own log
 
     key = clusters.api_key(path)
     assert (
@@ -323,6 +324,8 @@ def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair
         up = cli("up", path, cwd=tmp)
         assert up.returncode == 0, up.stderr
         assert "ready: http://192.168.200.12:30000/v1" in up.stdout
+        # The worker's phases, from its Ray worker's lines in serve's log (each naming its node).
+        assert "serve: spark2: loading weights" in up.stderr
         key = clusters.api_key(path)
         answer = chat(worker, key)
         assert answer["usage"]["completion_tokens"] == 4

@@ -78,3 +78,22 @@ def test_a_start_is_said_phase_by_phase_from_its_log() -> None:
     assert "still API up after" in readiness._waiting(watched, 12)
     fresh = readiness.Watched(fleet, fleet.head, "serve", "serve")  # type: ignore[arg-type]
     assert "not ready (12 s)" in readiness._waiting(fresh, 12)
+
+
+def test_a_ray_workers_lines_in_the_drivers_log_are_said_for_its_own_node() -> None:
+    fleet = FakeFleet([])
+    head, worker = fleet.cluster.nodes[:2]
+    watched = readiness.Watched(fleet, head, "serve", "serve")  # type: ignore[arg-type]
+    watched.read("(EngineCore pid=3) INFO Starting to load model /models/m...")
+    watched.read(
+        f"\x1b[36m(RayWorkerProc pid=812, ip={worker.ip})\x1b[0m INFO Starting to load model"
+    )
+    watched.read(f"(RayWorkerProc pid=812, ip={worker.ip}) INFO Loading weights took 2 s")
+    watched.read("(RayWorkerProc pid=90) INFO Capturing CUDA graphs (mixed prefill-decode) 50%")
+    said = [line.rsplit(" (", 1)[0] for line in fleet.reported]
+    assert said == [
+        f"serve: {head.name}: loading weights",
+        f"serve: {worker.name}: loading weights",
+        f"serve: {head.name}: capturing graphs 50%",
+    ]
+    assert watched.phases.now is not None and watched.phases.now.phase == "capturing graphs"
