@@ -5,17 +5,17 @@ in the hints refer to the rows of the failure table the project keeps."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict
 
 from pydantic import BaseModel
 
 from generator import stamps
+from generator.claims import Claim, clashes
 from generator.config import MEMORY_MONITOR, Cluster, Node
 from generator.manifest import differences
 from generator.stamps import Recorded
+from generator.verdict import Check, failed, passed, skipped
 
-Status = Literal["pass", "fail", "skip"]
 SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
 TOKEN_AUTH_SINCE = (2, 52)  # the first Ray with RAY_AUTH_MODE=token
 
@@ -50,41 +50,18 @@ class Facts(BaseModel):
     gpus: int | None
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    node: str
-    status: Status
-    cause: str = ""
-    hint: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status:4}  {self.name:13} {self.node:12} {self.cause}"
-        return text + (f"  (hint: {self.hint})" if self.hint else "")
-
-
-def passed(name: str, node: str, what: str) -> Check:
-    return Check(name, node, "pass", what)
-
-
-def failed(name: str, node: str, cause: str, hint: str) -> Check:
-    return Check(name, node, "fail", cause, hint)
-
-
-def skipped(name: str, node: str, why: str) -> Check:
-    return Check(name, node, "skip", why)
-
-
 def evaluate(
     cluster: Cluster,
     facts: dict[str, Facts],
     bases: dict[str, str | None],
     serving: bool = False,
     stamped: stamps.Stamps | None = None,
+    others: dict[str, list[Claim]] | None = None,
 ) -> list[Check]:
     """Every check for the nodes that answered. `bases`: node -> its base image ID (None when
     the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
-    running on the head (so the API port is taken by it). `stamped`: what verify recorded."""
+    running on the head (so the API port is taken by it). `stamped`: what verify recorded.
+    `others`: node -> the other clusters running on it."""
     nodes = [n for n in cluster.nodes if n.name in facts]
     checks = [_config(cluster), _images(cluster, bases)]
     # Check by check, not node by node: a cause (an interface down) is listed before what it
@@ -97,6 +74,8 @@ def evaluate(
     recorded = stamped.nodes if stamped else {}
     checks += [_model(cluster, n, facts[n.name], head, recorded.get(n.name)) for n in nodes]
     checks += [_shm(n, facts[n.name]) for n in nodes]
+    others = others or {}
+    checks += [_neighbours(cluster, n, others.get(n.name, []), facts[n.name]) for n in nodes]
     checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
     checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
     checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name])]
@@ -223,6 +202,19 @@ def _shm(node: Node, f: Facts) -> Check:
         cause = f"/dev/shm is {size / 2**20:.0f} MiB in the container, at least 1024 MiB needed"
         return failed("shm", node.name, cause, "ipc: host with a larger /dev/shm on the node")
     return passed("shm", node.name, f"/dev/shm {size / 2**30:.1f} GiB")
+
+
+def _neighbours(c: Cluster, node: Node, others: list[Claim], f: Facts) -> Check:
+    """Another cluster on the node: no port of ours among its ports, and together no more GPU
+    memory than the node has, nor object stores larger than /dev/shm."""
+    if not others:
+        return passed("clusters", node.name, "no other cluster runs here")
+    found = clashes(c, node.name, others, f.shm_bytes)
+    names = ", ".join(f"'{o.cluster}'" for o in others)
+    if found:
+        hint = "give this cluster another vllm.port (every port follows it) or less memory"
+        return failed("clusters", node.name, "; ".join(found), hint)
+    return passed("clusters", node.name, f"beside {names}: no port or memory clash")
 
 
 def _memlock(c: Cluster, node: Node, f: Facts) -> Check:

@@ -151,10 +151,7 @@ class Cluster(Strict):
         return node.interface or self.interface or ""
 
     def config_hash(self) -> str:
-        # A section left out by default leaves the hash as it was before the section existed.
-        absent = {"metrics"} if self.metrics is None else set()
-        dump = self.model_dump(mode="json", exclude=absent)
-        canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

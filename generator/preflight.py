@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from generator import checks, lock, probes, rules
-from generator.checks import Check, Facts, failed, passed
+from generator.checks import Facts
 from generator.config import Node
 from generator.errors import DockerError, DriftError, PreflightError, reason
 from generator.fanout import each
 from generator.fleet import Fleet
 from generator.stamps import Stamps
+from generator.verdict import Check, failed, passed
 
 REACH_SECONDS = 6  # how long each node keeps trying to reach its peers
 RUN_TIMEOUT = 60  # a facts container that has not answered by then is a failure
@@ -41,7 +42,8 @@ def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float
         fleet.push_secrets(live)
     more, facts = gather(fleet, live)
     bases = fleet.image_ids(fleet.cluster.image, live)
-    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped)
+    others = fleet.neighbours(live)
+    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
     return found, time.monotonic() - start
 
 
@@ -54,7 +56,8 @@ def must_pass(
     nodes = fleet.cluster.nodes
     found, facts = gather(fleet, nodes)
     bases = fleet.image_ids(fleet.cluster.image, nodes)
-    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped)
+    others = fleet.neighbours(nodes)
+    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
     failures = [c.line() for c in found if c.status == "fail"]
     if failures:
         raise PreflightError(failures, time.monotonic() - start)

@@ -7,6 +7,8 @@ import re
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING
 
+from generator import ports
+
 if TYPE_CHECKING:
     from generator.config import Cluster
 
@@ -27,7 +29,6 @@ SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY
 # Linux refuses to start a process whose environment and arguments pass 2 MiB (and any one string
 # 128 KiB); the stacks add their own on top of these.
 ENV_BYTES = 256 << 10
-RAY_DASHBOARD_PORT = 8265
 # A model never lives at the root of these, or anywhere in the second set.
 SYSTEM_TOP = {"/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/opt", "/root", "/sbin", "/srv",
               "/tmp", "/usr", "/var"}  # fmt: skip
@@ -133,33 +134,19 @@ def _parallel_problems(c: Cluster) -> list[str]:
 
 
 def opened_ports(c: Cluster) -> dict[str, int]:
-    """The fixed ports the stacks open on every node, by the setting that names them."""
-    ports = {"vllm.port": c.vllm.port, "group.port": c.group.port}
-    if c.backend == "ray":
-        ports["ray.port"] = c.ray.port
-        if c.ray.dashboard:
-            ports["Ray's dashboard (ray.dashboard)"] = RAY_DASHBOARD_PORT
-    else:
-        ports["vllm.master_port"] = c.vllm.master_port
-    if c.metrics:
-        ports["metrics.port"] = c.metrics.port
-        ports["metrics.node_exporter_port"] = c.metrics.node_exporter_port
-        if c.backend == "ray" and c.metrics.ray_port:
-            ports["metrics.ray_port"] = c.metrics.ray_port
-        if c.accelerator == "nvidia":
-            ports["metrics.dcgm_port"] = c.metrics.dcgm_port
-    return ports
+    """The fixed ports the stacks open on their nodes, by the setting that names them."""
+    return ports.opened(c)
 
 
 def _port_problems(c: Cluster) -> list[str]:
-    """The ports the stacks open on every node, against each other."""
-    ports = opened_ports(c)
-    names = list(ports)
+    """The ports the stacks open, against each other (Ray's worker range as a whole)."""
+    spans = ports.ranges(c)
+    names = list(spans)
     return [
-        f"{name}: {ports[name]} is taken by {other}; choose another"
+        f"{name}: {spans[name].start} is taken by {other}; choose another"
         for i, name in enumerate(names)
         for other in names[i + 1 :]
-        if ports[name] == ports[other]
+        if set(spans[name]) & set(spans[other])
     ]
 
 

@@ -95,7 +95,11 @@ class Model(Strict):
 
 
 class Vllm(Strict):
-    port: Port = Field(default=8000, description="Port of the OpenAI-compatible API on the head.")
+    port: Port = Field(
+        default=8000,
+        description="Port of the OpenAI-compatible API on the head. Clusters that share a node "
+        "need their own: its last two digits (the cluster's slot) set every other port's default.",
+    )
     tensor_parallel_size: int | None = Field(
         default=None, ge=1, le=512, description="Tensor-parallel size (default: all GPUs / PP)."
     )
@@ -118,8 +122,10 @@ class Vllm(Strict):
     safetensors_load_strategy: Literal["lazy", "eager"] | None = Field(
         default=None, description="vLLM's safetensors loading (default: the profile's, if any)."
     )
-    master_port: Port = Field(
-        default=29501, description="Rendezvous port of rank 0 for the native backend."
+    master_port: Port | None = Field(
+        default=None,
+        description="Rendezvous port of rank 0 for the native backend (default: 29501 minus "
+        "the cluster's slot, the last two digits of `vllm.port`).",
     )
     startup_timeout: int = Field(
         default=1800,
@@ -135,7 +141,11 @@ class Vllm(Strict):
 
 
 class Ray(Strict):
-    port: Port = Field(default=6379, description="Port of the Ray head's GCS.")
+    port: Port | None = Field(
+        default=None,
+        description="Port of the Ray head's GCS (default: 6379 plus the cluster's slot, the last "
+        "two digits of `vllm.port`; Ray's other ports follow the slot too).",
+    )
     object_store_memory: int | None = Field(
         default=None, ge=78643200, description="Bytes for Ray's object store (default: profile's)."
     )
@@ -173,10 +183,11 @@ class Secrets(Strict):
 
 
 class Group(Strict):
-    port: Port = Field(
-        default=29510,
+    port: Port | None = Field(
+        default=None,
         description="Port on each node's private IP where its containers tell the group which "
-        "start they are in (a node that restarted makes every node start again with it).",
+        "start they are in (a node that restarted makes every node start again with it; "
+        "default: 29510 plus the cluster's slot, the last two digits of `vllm.port`).",
     )
     grace: int = Field(
         default=10,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from generator import probes
+from generator import ports, probes
 
 if TYPE_CHECKING:
     from generator.config import Node
@@ -61,14 +61,19 @@ def _ray_start(stack: NodeStack) -> list[str]:
         cmd += ["--object-store-memory", str(store)]
     if c.metrics and c.metrics.ray_port:
         cmd += ["--metrics-export-port", str(c.metrics.ray_port)]
+    # Every port of Ray's named, from the cluster's slot: another cluster's Ray on the node has
+    # its own (Ray would pick some at random, and others fixed that both would want).
+    for option, port in ports.ray_internal(c, stack.is_head).items():
+        cmd += [option, str(port)]
     return cmd
 
 
 def _ray_head(stack: NodeStack) -> Service:
     c = stack.cluster
-    cmd = [*_ray_start(stack), "--head", "--port", str(c.ray.port)]
+    cmd = [*_ray_start(stack), "--head", "--port", str(ports.ray_gcs(c))]
     if c.ray.dashboard:
         cmd += ["--include-dashboard=true", "--dashboard-host", str(stack.node.ip)]
+        cmd += ["--dashboard-port", str(ports.ray_dashboard(c))]
     else:
         cmd += ["--include-dashboard=false"]
     everyone = [str(n.ip) for n in c.nodes]
@@ -140,7 +145,7 @@ def _serve(stack: NodeStack) -> Service:
 def _native_serve(stack: NodeStack) -> Service:
     c = stack.cluster
     cmd = [*_vllm_serve(stack), "--nnodes", str(len(c.nodes)), "--node-rank", str(_rank(stack))]
-    cmd += ["--master-addr", str(c.head.ip), "--master-port", str(c.vllm.master_port)]
+    cmd += ["--master-addr", str(c.head.ip), "--master-port", str(ports.master(c))]
     secrets = list(stack.secrets)
     env = group(stack, listen=True, members=True)
     if stack.is_head:
@@ -171,7 +176,7 @@ def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict
     c = stack.cluster
 
     def at(node: Node) -> str:
-        return f"{node.ip}:{c.group.port}"
+        return f"{node.ip}:{ports.group(c)}"
 
     env = {"VLLM_COMPOSE_GROUP_GRACE": str(c.group.grace)}
     if listen:

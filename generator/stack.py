@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 
-from generator import monitoring, services
+from generator import claims, monitoring, ports, services
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
 from generator.services import Service
 
@@ -78,7 +78,7 @@ class NodeStack:
 
     @property
     def gcs_address(self) -> str:
-        return f"{self.cluster.head.ip}:{self.cluster.ray.port}"
+        return f"{self.cluster.head.ip}:{ports.ray_gcs(self.cluster)}"
 
     @property
     def per_node_environment(self) -> dict[str, str]:
@@ -152,6 +152,7 @@ class NodeStack:
             "io.vllm-compose.cluster": self.cluster.name,
             "io.vllm-compose.node": self.node.name,
             "io.vllm-compose.role": self.role,
+            **claims.labels(self.cluster),
         }
 
     @cached_property

@@ -56,7 +56,8 @@ def sync_model(fleet: Fleet, source: Node, locked: Lock | None) -> dict[str, Out
 
 def sync(fleet: Fleet, source: Node, manifest: dict[str, Any]) -> dict[str, Outcome]:
     path = fleet.cluster.model.path
-    listen = f"{source.ip}:{random.randint(29600, 29999)}"  # below the ephemeral ports
+    # Below the ephemeral ports, above every cluster's group port (generator/ports.py).
+    listen = f"{source.ip}:{random.randint(29700, 29999)}"
     sender = _sender(fleet, source, listen)
     targets = [n for n in fleet.cluster.nodes if n != source]
     outcomes = {n.name: Outcome() for n in targets}

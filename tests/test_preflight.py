@@ -11,6 +11,7 @@ import pytest
 
 from generator import checks as checking
 from generator import config
+from generator.verdict import Check
 from tests.test_config import CASES
 
 # Ray backend, spark-1 .12 head, spark-2 .13; the Spark profile asks for unlimited memlock.
@@ -49,7 +50,7 @@ def evaluate(
     all_facts: dict[str, dict[str, Any]],
     bases: dict[str, str | None],
     serving: bool = False,
-) -> list[checking.Check]:
+) -> list[Check]:
     """The checks, on facts as the nodes' containers print them (JSON)."""
     typed = {node: checking.Facts.model_validate(found) for node, found in all_facts.items()}
     return checking.evaluate(cluster, typed, bases, serving)
@@ -69,7 +70,7 @@ def test_a_healthy_pair_passes_every_check() -> None:
     assert [c for c in checks if c.status != "pass"] == []
     assert {c.name for c in checks} == {
         "config", "image", "interface", "reach", "ray", "model", "shm", "memlock",
-        "mem-monitor", "rdma", "gpus", "versions", "api-port",
+        "mem-monitor", "rdma", "gpus", "versions", "api-port", "clusters",
     }  # fmt: skip
 
 

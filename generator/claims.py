@@ -1,0 +1,131 @@
+"""What a cluster claims on each of its nodes (its ports, its share of GPU memory, Ray's object
+store), written as labels on every container of its stacks; read back from the containers found
+on a node, so that preflight names a clash with another cluster before anything starts, and `ls`
+lists every cluster on the nodes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from generator import ports
+
+if TYPE_CHECKING:
+    from python_on_whales import Container
+
+    from generator.config import Cluster
+
+PREFIX = "io.vllm-compose."
+CLUSTER = f"{PREFIX}cluster"
+
+
+def gpu_memory(c: Cluster) -> float:
+    return c.vllm.gpu_memory_utilization or c.settings.gpu_memory_utilization
+
+
+def object_store(c: Cluster) -> int:
+    if c.backend != "ray":
+        return 0
+    return c.ray.object_store_memory or c.settings.object_store_memory or 0
+
+
+def labels(c: Cluster) -> dict[str, str]:
+    """The claims of the cluster's stack on each of its nodes."""
+    spans = {name: [r.start, r.stop] for name, r in ports.ranges(c).items()}
+    return {
+        f"{PREFIX}backend": c.backend,
+        f"{PREFIX}endpoint": f"http://{c.head.ip}:{c.vllm.port}/v1",
+        f"{PREFIX}ports": json.dumps(spans, separators=(",", ":")),
+        f"{PREFIX}gpu-memory": str(gpu_memory(c)),
+        f"{PREFIX}object-store": str(object_store(c)),
+    }
+
+
+@dataclass
+class Claim:
+    """One cluster as its containers on the nodes show it."""
+
+    cluster: str
+    backend: str = "?"
+    endpoint: str = "?"
+    ports: dict[str, range] = field(default_factory=dict)
+    gpu_memory: float = 0.0
+    object_store: int = 0
+    # node -> service -> "running", "running, unhealthy", "exited (exit 137)", ...
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def health(self) -> str:
+        bad = [
+            f"{node}: {service} {state}"
+            for node, services in self.nodes.items()
+            for service, state in services.items()
+            if state not in ("running", "running, healthy")
+        ]
+        return "; ".join(bad) if bad else "running"
+
+
+def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
+    """node -> its containers (every cluster's), as cluster -> Claim."""
+    claims: dict[str, Claim] = {}
+    for node, listed in containers.items():
+        for container in listed:
+            own = container.config.labels or {}
+            if CLUSTER not in own or own.get(f"{PREFIX}role") == "sync":
+                continue
+            claim = claims.setdefault(own[CLUSTER], Claim(own[CLUSTER]))
+            _read(claim, own)
+            service = own.get(f"{PREFIX}service", container.name)
+            claim.nodes.setdefault(own.get(f"{PREFIX}node", node), {})[service] = _state(container)
+    return claims
+
+
+def _read(claim: Claim, own: dict[str, str]) -> None:
+    claim.backend = own.get(f"{PREFIX}backend", claim.backend)
+    claim.endpoint = own.get(f"{PREFIX}endpoint", claim.endpoint)
+    try:
+        spans = json.loads(own.get(f"{PREFIX}ports", "{}"))
+        claim.ports = {name: range(start, stop) for name, (start, stop) in spans.items()}
+        claim.gpu_memory = float(own.get(f"{PREFIX}gpu-memory", "0"))
+        claim.object_store = int(own.get(f"{PREFIX}object-store", "0"))
+    except (ValueError, TypeError):
+        pass  # written by another version: listed, not compared
+
+
+def _state(container: Container) -> str:
+    state = container.state
+    if not state.running:
+        return f"{state.status} (exit {state.exit_code})"
+    health = state.health.status if state.health else None
+    return f"running, {health}" if health else "running"
+
+
+def live(claim: Claim, node: str) -> bool:
+    """Does the cluster run anything on the node (a stopped stack holds no port or memory)?"""
+    return any(s.startswith("running") for s in claim.nodes.get(node, {}).values())
+
+
+def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
+    """What the cluster would clash on with the other clusters running on the node."""
+    found = []
+    mine = ports.ranges(c)
+    for other in others:
+        for name, span in mine.items():
+            for theirs, taken in other.ports.items():
+                if set(span) & set(taken):
+                    where = f"{span.start}" if len(span) == 1 else f"{span.start}-{span[-1]}"
+                    found.append(f"{name} {where} is taken by cluster '{other.cluster}' ({theirs})")
+    total = gpu_memory(c) + sum(o.gpu_memory for o in others)
+    if others and total > 1.0 + 1e-9:
+        shares = " + ".join(f"{o.gpu_memory:g} of '{o.cluster}'" for o in others)
+        found.append(
+            f"GPU memory overflows: {gpu_memory(c):g} of '{c.name}' + {shares} = {total:.2f} > 1"
+        )
+    stores = object_store(c) + sum(o.object_store for o in others)
+    if others and shm_bytes is not None and object_store(c) and stores > shm_bytes:
+        found.append(
+            f"Ray's object stores ({stores >> 20} MiB with the other clusters') exceed /dev/shm "
+            f"({shm_bytes >> 20} MiB)"
+        )
+    return found

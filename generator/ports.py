@@ -1,0 +1,87 @@
+"""Every port a cluster's stacks open, so that several clusters share nodes without a clash.
+
+Clusters that share a node need distinct API ports (`vllm.port`); every other port follows from
+its last two digits, the cluster's slot (8000 and 30000: slot 0, today's defaults; 8001: slot 1),
+unless the config names it. Ray's own ports are all named on its command line (by default Ray
+picks some at random and others fixed, which two Ray clusters on one node would share).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from generator.config import Cluster
+
+SLOTS = 100
+WORKER_PORTS = 99  # Ray worker processes per node and cluster: 10002 + 99 * slot onwards
+
+
+def slot(c: Cluster) -> int:
+    return c.vllm.port % SLOTS
+
+
+def ray_gcs(c: Cluster) -> int:
+    return c.ray.port or 6379 + slot(c)
+
+
+def group(c: Cluster) -> int:
+    return c.group.port or 29510 + slot(c)
+
+
+def master(c: Cluster) -> int:
+    """Downwards from 29501, clear of the group ports above 29510."""
+    return c.vllm.master_port or 29501 - slot(c)
+
+
+def ray_dashboard(c: Cluster) -> int:
+    return 8265 + slot(c)
+
+
+def ray_internal(c: Cluster, head: bool) -> dict[str, int]:
+    """`ray start` option -> port, for a node's Ray (the head's serves Ray's client too)."""
+    k = slot(c)
+    ports = {
+        "--node-manager-port": 6500 + k,
+        "--object-manager-port": 6600 + k,
+        "--dashboard-agent-grpc-port": 6700 + k,
+        "--runtime-env-agent-port": 6800 + k,
+        "--dashboard-agent-listen-port": 52365 + k,
+        "--min-worker-port": 10002 + WORKER_PORTS * k,
+        "--max-worker-port": 10002 + WORKER_PORTS * k + WORKER_PORTS - 1,
+    }
+    if head:
+        ports["--ray-client-server-port"] = 6900 + k
+    return ports
+
+
+def opened(c: Cluster) -> dict[str, int]:
+    """The fixed ports the stacks open on their nodes, by the setting (or Ray option) that
+    names them; Ray's worker range by its first port."""
+    found = {"vllm.port": c.vllm.port, "group.port": group(c)}
+    if c.backend == "ray":
+        found["ray.port"] = ray_gcs(c)
+        if c.ray.dashboard:
+            found["Ray's dashboard (ray.dashboard)"] = ray_dashboard(c)
+        internal = ray_internal(c, head=True)
+        found |= {f"Ray's {option}": port for option, port in internal.items()}
+    else:
+        found["vllm.master_port"] = master(c)
+    if c.metrics:
+        found["metrics.port"] = c.metrics.port
+        found["metrics.node_exporter_port"] = c.metrics.node_exporter_port
+        if c.backend == "ray" and c.metrics.ray_port:
+            found["metrics.ray_port"] = c.metrics.ray_port
+        if c.accelerator == "nvidia":
+            found["metrics.dcgm_port"] = c.metrics.dcgm_port
+    return found
+
+
+def ranges(c: Cluster) -> dict[str, range]:
+    """`opened`, each as the ports it spans (Ray's worker range is 99 wide)."""
+    found = {name: range(port, port + 1) for name, port in opened(c).items()}
+    first = found.pop("Ray's --min-worker-port", None)
+    found.pop("Ray's --max-worker-port", None)
+    if first is not None:
+        found["Ray's worker ports"] = range(first.start, first.start + WORKER_PORTS)
+    return found

@@ -1,0 +1,27 @@
+"""Every cluster found on a set of nodes (their Docker contexts), from its containers' labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from python_on_whales import Container, DockerClient
+
+from generator import claims
+from generator.errors import reason
+from generator.fanout import each
+
+TIMEOUT = 30  # per context
+
+
+def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, str]]:
+    """cluster -> its claim (nodes, services and their states), and context -> why it did not
+    answer. Every context at once."""
+
+    def look(context: str) -> Callable[[], list[Container]]:
+        docker = DockerClient(context=context)
+        return lambda: docker.container.list(all=True, filters={"label": claims.CLUSTER})
+
+    seen = each({ctx: look(ctx) for ctx in dict.fromkeys(contexts)}, TIMEOUT)
+    answered = {ctx: v for ctx, v in seen.items() if not isinstance(v, BaseException)}
+    failed = {ctx: reason(v) for ctx, v in seen.items() if isinstance(v, BaseException)}
+    return claims.found(answered), failed

@@ -1,0 +1,115 @@
+"""Several clusters on the same nodes: every port follows the API port's slot, the claims each
+stack labels its containers with, and the clashes preflight names (our logic alone: the two real
+clusters are in tests/test_side_by_side.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from generator import claims, config, ports
+from generator.claims import Claim
+from generator.stack import NodeStack
+
+BASE = """\
+name: {name}
+image: vllm/vllm-openai:v0.32.0
+backend: {backend}
+interface: eth0
+nodes:
+  - {{name: a, ip: 10.0.0.1}}
+  - {{name: b, ip: 10.0.0.2}}
+model: {{path: /models/m}}
+vllm: {{port: {port}, gpu_memory_utilization: {memory}}}
+"""
+
+
+def cluster(name: str, port: int, backend: str = "ray", memory: float = 0.4) -> config.Cluster:
+    return config.parse(BASE.format(name=name, port=port, backend=backend, memory=memory))
+
+
+def claim_of(c: config.Cluster) -> Claim:
+    """The claim as `claims.found` reads it back from a container's labels."""
+
+    stack = NodeStack(c, c.head, "c.yaml", "wrapper:1")
+    labels = {**stack.labels, "io.vllm-compose.service": "serve"}
+    state = SimpleNamespace(running=True, status="running", exit_code=0, health=None)
+    container = SimpleNamespace(name="x", config=SimpleNamespace(labels=labels), state=state)
+    return claims.found({"a": [container]})[c.name]  # type: ignore[list-item]
+
+
+def test_slot_zero_keeps_the_usual_ports_and_another_api_port_moves_every_other_one() -> None:
+    first, second = cluster("one", 8000), cluster("two", 8001)
+    assert (ports.ray_gcs(first), ports.group(first), ports.master(first)) == (6379, 29510, 29501)
+    assert (ports.ray_gcs(second), ports.group(second), ports.master(second)) == (
+        6380,
+        29511,
+        29500,
+    )
+    a, b = ports.ranges(first), ports.ranges(second)
+    assert all(not set(x) & set(y) for x in a.values() for y in b.values())
+
+
+@pytest.mark.parametrize("backend", ["ray", "native"])
+def test_every_slot_is_clear_of_every_other_slot_and_of_preflights_ports(backend: str) -> None:
+    spans = [ports.ranges(cluster("c", 30000 + k, backend)) for k in range(ports.SLOTS)]
+    taken: dict[int, int] = {}
+    for k, found in enumerate(spans):
+        for span in found.values():
+            for port in span:
+                if port != 30000 + k:  # the API ports themselves: a user's choice
+                    assert taken.setdefault(port, k) == k, (port, k, taken[port])
+                    assert not 20000 <= port < 29000 and not 29700 <= port < 30000
+
+
+def test_ray_is_given_every_port_of_its_slot() -> None:
+    c = cluster("two", 8001)
+    head, worker = (NodeStack(c, n, "c.yaml", "w:1").services[0] for n in c.nodes)
+    assert head.command[head.command.index("--port") + 1] == "6380"
+    for option, port in [("--node-manager-port", 6501), ("--min-worker-port", 10101)]:
+        assert worker.command[worker.command.index(option) + 1] == str(port)
+    assert head.command[head.command.index("--ray-client-server-port") + 1] == "6901"
+    assert "--ray-client-server-port" not in worker.command
+
+
+def test_two_clusters_on_their_own_ports_and_within_memory_do_not_clash() -> None:
+    assert claims.clashes(cluster("two", 8001), "a", [claim_of(cluster("one", 8000))], 2**33) == []
+
+
+def test_the_same_api_port_is_named_with_the_other_cluster() -> None:
+    found = claims.clashes(cluster("two", 8000), "a", [claim_of(cluster("one", 8000))], 2**33)
+    assert "vllm.port 8000 is taken by cluster 'one' (vllm.port)" in found
+    assert "ray.port 6379 is taken by cluster 'one' (ray.port)" in found
+
+
+def test_memory_over_the_nodes_is_named_with_every_cluster_sharing_it() -> None:
+    others = [claim_of(cluster("one", 8000)), claim_of(cluster("two", 8001))]
+    found = claims.clashes(cluster("three", 8002, memory=0.3), "a", others, 2**33)
+    assert found == [
+        "GPU memory overflows: 0.3 of 'three' + 0.4 of 'one' + 0.4 of 'two' = 1.10 > 1"
+    ]
+
+
+def test_object_stores_beyond_dev_shm_are_named() -> None:
+    big = config.parse(
+        BASE.format(name="big", port=8001, backend="ray", memory=0.1)
+        + "ray: {object_store_memory: 1073741824}\n"
+    )
+    other = claim_of(config.parse(BASE.format(name="o", port=8000, backend="ray", memory=0.1)
+                                  + "ray: {object_store_memory: 1073741824}\n"))  # fmt: skip
+    assert claims.clashes(big, "a", [other], 2**31) == []
+    found = claims.clashes(big, "a", [other], 2**31 - 1)
+    assert found == [
+        "Ray's object stores (2048 MiB with the other clusters') exceed /dev/shm (2047 MiB)"
+    ]
+
+
+def test_a_claim_reads_back_its_clusters_backend_endpoint_and_health() -> None:
+    read = claim_of(cluster("one", 8000, "native"))
+    assert (read.backend, read.endpoint, read.health) == (
+        "native",
+        "http://10.0.0.1:8000/v1",
+        "running",
+    )
+    assert read.nodes == {"a": {"serve": "running"}}
