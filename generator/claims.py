@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 PREFIX = "io.vllm-compose."
 CLUSTER = f"{PREFIX}cluster"
+ENDPOINT = f"{PREFIX}endpoint"
 
 
 def gpu_memory(c: Cluster) -> float:
@@ -35,7 +36,7 @@ def labels(c: Cluster) -> dict[str, str]:
     spans = {name: [r.start, r.stop] for name, r in ports.ranges(c).items()}
     return {
         f"{PREFIX}backend": c.backend,
-        f"{PREFIX}endpoint": f"http://{c.head.ip}:{c.vllm.port}/v1",
+        ENDPOINT: f"http://{c.head.ip}:{c.vllm.port}/v1",
         f"{PREFIX}ports": json.dumps(spans, separators=(",", ":")),
         f"{PREFIX}gpu-memory": str(gpu_memory(c)),
         f"{PREFIX}object-store": str(object_store(c)),
@@ -83,7 +84,7 @@ def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
 
 def _read(claim: Claim, own: dict[str, str]) -> None:
     claim.backend = own.get(f"{PREFIX}backend", claim.backend)
-    claim.endpoint = own.get(f"{PREFIX}endpoint", claim.endpoint)
+    claim.endpoint = own.get(ENDPOINT, claim.endpoint)
     try:
         spans = json.loads(own.get(f"{PREFIX}ports", "{}"))
         claim.ports = {name: range(start, stop) for name, (start, stop) in spans.items()}
@@ -108,7 +109,12 @@ def live(claim: Claim, node: str) -> bool:
 
 def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
     """What the cluster would clash on with the other clusters running on the node."""
-    found = []
+    found = [
+        f"the name '{c.name}' is taken by the cluster serving at {o.endpoint}: a start would "
+        "replace its containers"
+        for o in others
+        if o.cluster == c.name
+    ]
     mine = ports.ranges(c)
     for other in others:
         for name, span in mine.items():

@@ -1,0 +1,150 @@
+"""Two real vLLM clusters on the same two emulated nodes, both over Ray: one TP=2 across both
+nodes, one TP=1 on the second node alone, each with its own Ray cluster, ports and API key. A
+third config on a taken port and a fourth that would overflow the nodes' memory are refused by
+preflight naming the others, and nothing of the two changes; `down` of one leaves the other
+serving; `ls` shows exactly what runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import clusters, images
+from tests.support.clusters import Pair, cli
+from tests.support.testbed import Node, Testbed
+from tests.test_e2e import MODEL
+
+pytestmark = pytest.mark.testbed
+
+# On CPU vLLM reads gpu_memory_utilization as the share of host memory it may take; the claims
+# (generator/claims.py) add up what every cluster on a node says.
+VLLM = (
+    "{{port: {port}, max_model_len: 256, startup_timeout: 600, gpu_memory_utilization: {memory},"
+    " args: [--dtype, float32, --enforce-eager]}}"
+)
+
+
+@pytest.fixture
+def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[Pair]:
+    yield vllm_testbed, tmp_path
+    clusters.clean(vllm_testbed, tmp_path)
+
+
+def config(tmp: Path, name: str, nodes: list[Node], port: int, memory: float = 0.1) -> Path:
+    vllm = VLLM.format(port=port, memory=memory)
+    return clusters.write_config(
+        tmp / f"{name}.yaml", name, nodes, images.VLLM, model=MODEL, vllm=vllm
+    )
+
+
+def chat(node: Node, head: Node, port: int, config: Path) -> dict[str, Any]:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    url = f"http://{head.ip}:{port}/v1/chat/completions"
+    auth = f"Authorization: Bearer {clusters.api_key(config)}"
+    out = node.nsexec("curl", "-sf", "-m", "120", url, "-H", auth, "-H",
+                      "Content-Type: application/json", "-d", json.dumps(request))  # fmt: skip
+    return dict(json.loads(out.stdout))
+
+
+def ids(nodes: list[Node], *projects: str) -> dict[str, str]:
+    return {
+        f"{n.name}/{p}/{s}": c.id
+        for n in nodes
+        for p in projects
+        for s, c in clusters.containers(n, p).items()
+    }
+
+
+def load(url: str, config: Path, stop: threading.Event, done: list[int]) -> None:
+    """Completions of 64 tokens one after another until `stop`: at most 10, none after 90 s."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 64, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {clusters.api_key(config)}"}
+    headers["Content-Type"] = "application/json"
+    until = time.monotonic() + 90
+    for _ in range(10):
+        if stop.is_set() or time.monotonic() > until:
+            return
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=120) as answer:
+            answer.read()
+            done.append(1)
+
+
+def listed(config: Path) -> dict[str, Any]:
+    found = cli("ls", config, "--json", cwd=config.parent)
+    assert found.returncode == 0, found.stderr
+    print(found.stdout)
+    return {c["cluster"]: c for c in json.loads(found.stdout)["clusters"]}
+
+
+def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_other(
+    pair: Pair,
+) -> None:
+    bed, tmp = pair
+    one, two = bed.nodes[:2]
+    big = config(tmp, "big", [one, two], 30000)  # TP=2 over both nodes: slot 0
+    small = config(tmp, "small", [two], 30001)  # TP=1 on the second node: slot 1
+    for path in (big, small):
+        up = cli("up", path, cwd=tmp)
+        assert up.returncode == 0, up.stderr
+    assert "beside 'big': no port or memory clash" in cli("preflight", small, cwd=tmp).stdout
+
+    # Both answer at once, and a bounded load on the big one does not break the small one.
+    stop, done = threading.Event(), list[int]()
+    url = f"http://{one.ip}:30000/v1/completions"
+    loaders = [threading.Thread(target=load, args=(url, big, stop, done)) for _ in range(2)]
+    for thread in loaders:
+        thread.start()
+    try:
+        for _ in range(3):
+            assert chat(one, two, 30001, small)["choices"][0]["message"]["content"]
+            assert chat(two, one, 30000, big)["choices"][0]["message"]["content"]
+    finally:
+        stop.set()
+        for thread in loaders:
+            thread.join(timeout=150)
+    assert done, "the load on the big cluster completed nothing"
+
+    # Two Ray clusters: each head's GCS (6379 for slot 0, 6380 for slot 1) knows its own nodes.
+    for project, head, gcs, want in [
+        ("big", one, f"{one.ip}:6379", {one.ip: 1, two.ip: 1}),
+        ("small", two, f"{two.ip}:6380", {two.ip: 1}),
+    ]:
+        ray = clusters.containers(head, project)["ray"]
+        nodes = head.docker.container.execute(
+            ray, ["vllm-compose-health", "nodes", "--address", gcs]
+        )
+        assert json.loads(str(nodes)) == want, project
+    seen = listed(big)
+    assert sorted(seen) == ["big", "small"]
+    assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
+    assert list(seen["small"]["nodes"]) == ["spark2"]
+    assert seen["small"]["endpoint"] == f"http://{two.ip}:30001/v1"
+    assert seen["big"]["health"] == seen["small"]["health"] == "running"
+
+    # A third on the big one's API port, a fourth over the nodes' memory: refused, nothing moves.
+    before = ids([one, two], "big", "small")
+    taken = cli("up", config(tmp, "taken", [one, two], 30000), cwd=tmp)
+    assert taken.returncode != 0
+    assert "vllm.port 30000 is taken by cluster 'big' (vllm.port)" in taken.stderr, taken.stderr
+    greedy = cli("up", config(tmp, "greedy", [two], 30002, memory=0.85), cwd=tmp)
+    assert greedy.returncode != 0
+    said = "GPU memory overflows: 0.85 of 'greedy' + 0.1 of 'big' + 0.1 of 'small' = 1.05 > 1"
+    assert said in greedy.stderr, greedy.stderr
+    assert ids([one, two], "big", "small") == before
+    assert clusters.leftovers(one, "taken") == clusters.leftovers(two, "greedy") == []
+
+    # `down` of one leaves the other serving, its containers as they were.
+    assert cli("down", small, cwd=tmp).returncode == 0
+    assert clusters.leftovers(two, "small") == []
+    assert chat(two, one, 30000, big)["choices"][0]["message"]["content"]
+    assert ids([one, two], "big") == {k: v for k, v in before.items() if "/big/" in k}
+    assert sorted(listed(big)) == ["big"]
