@@ -70,20 +70,25 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
             except OSError:
                 pass
 
-    listener = threading.Thread(target=accept, daemon=True)
-    listener.start()
-    for peer in peers:
+    def connect(peer: str) -> None:
         while True:
             try:
                 socket.create_connection((peer, port), timeout=1, source_address=(ip, 0)).close()
                 outcome[peer] = "ok"
-                break
+                return
             except OSError as e:
                 outcome[peer] = str(e)
                 if time.monotonic() > deadline:
-                    break
+                    return
                 time.sleep(0.2)
-    listener.join()
+
+    # Every peer at once: one that cannot be reached does not hold up the others.
+    threads = [threading.Thread(target=accept, daemon=True)]
+    threads += [threading.Thread(target=connect, args=(p,), daemon=True) for p in peers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     server.close()
     return {"to": outcome, "heard_from": sorted(heard)}
 
