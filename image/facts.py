@@ -70,27 +70,32 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
             except OSError:
                 pass
 
-    def connect(peer: str) -> None:
-        while True:
-            try:
-                socket.create_connection((peer, port), timeout=1, source_address=(ip, 0)).close()
-                outcome[peer] = "ok"
-                return
-            except OSError as e:
-                outcome[peer] = str(e)
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.2)
-
     # Every peer at once: one that cannot be reached does not hold up the others.
     threads = [threading.Thread(target=accept, daemon=True)]
-    threads += [threading.Thread(target=connect, args=(p,), daemon=True) for p in peers]
+    threads += [
+        threading.Thread(target=_connect, args=(ip, (p, port), deadline, outcome), daemon=True)
+        for p in peers
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     server.close()
     return {"to": outcome, "heard_from": sorted(heard)}
+
+
+def _connect(ip: str, peer: tuple[str, int], deadline: float, outcome: dict[str, str]) -> None:
+    """Connect from `ip` to the peer until it answers or the deadline; outcome[peer IP] says."""
+    while True:
+        try:
+            socket.create_connection(peer, timeout=1, source_address=(ip, 0)).close()
+            outcome[peer[0]] = "ok"
+            return
+        except OSError as e:
+            outcome[peer[0]] = str(e)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
 
 
 def model_walk(path: str) -> tuple[dict[str, int], dict[str, int], dict[str, str]] | None:
