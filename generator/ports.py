@@ -55,6 +55,22 @@ def ray_internal(c: Cluster, head: bool) -> dict[str, int]:
     return ports
 
 
+def ray_metrics(c: Cluster) -> dict[str, int]:
+    """The head's own metrics servers of a Ray with its dashboard extra (its autoscaler's and its
+    dashboard's), which Ray binds to every address; variable -> port. Apart for every slot."""
+    k = slot(c)
+    return {"AUTOSCALER_METRIC_PORT": 44217 - k, "DASHBOARD_METRIC_PORT": 44227 + k}
+
+
+def ray_environment(c: Cluster) -> dict[str, str]:
+    """What Ray's processes read at start: the metrics ports of the slot, and each node's metrics
+    export (a random port on every address) off unless `metrics.ray_port` asks for it."""
+    env = {name: str(port) for name, port in ray_metrics(c).items()}
+    if not (c.metrics and c.metrics.ray_port):
+        env["RAY_enable_metrics_collection"] = "false"
+    return env
+
+
 def opened(c: Cluster) -> dict[str, int]:
     """The fixed ports the stacks open on their nodes, by the setting (or Ray option) that
     names them; Ray's worker range by its first port."""
@@ -65,6 +81,7 @@ def opened(c: Cluster) -> dict[str, int]:
             found["Ray's dashboard (ray.dashboard)"] = ray_dashboard(c)
         internal = ray_internal(c, head=True)
         found |= {f"Ray's {option}": port for option, port in internal.items()}
+        found |= {f"Ray's {name}": port for name, port in ray_metrics(c).items()}
     else:
         found["vllm.master_port"] = master(c)
     if c.metrics:

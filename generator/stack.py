@@ -107,6 +107,7 @@ class NodeStack:
             # it must be off on every node, not only the head. The user may override it (warned).
             env[MEMORY_MONITOR] = "0"
             env["RAY_USAGE_STATS_ENABLED"] = "0"
+            env |= ports.ray_environment(self.cluster)
             if self.cluster.ray.token_auth:
                 # Ray binds its GCS and node ports to every address (2.58 was seen on *:6379
                 # despite --node-ip-address): only holders of the token get an answer. The

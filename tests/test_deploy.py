@@ -268,9 +268,10 @@ def test_down_reports_an_unreachable_node_and_still_cleans_the_others(stack: Pai
 
 def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pair) -> None:
     """Ray 2.58 binds its GCS and node ports to every address, --node-ip-address or not. With an
-    "external" address on the head: no dashboard and no client port anywhere, only Ray's own
-    processes and the key-protected API on wildcard addresses, and the GCS on the external address
-    refuses a client without the cluster's token."""
+    "external" address on the head: no dashboard and no client port on a wildcard address, only
+    Ray's own processes (with its dashboard extra, also the head's two metrics servers, at the
+    slot's ports) and the key-protected API on wildcard addresses, and the GCS on the external
+    address refuses a client without the cluster's token. Each node's metrics export stays off."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     with bed.external_default_route(head):
@@ -286,6 +287,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
                     continue
                 assert address in ("0.0.0.0", "*"), f"{node.name}: {process} on {address}:{port}"
                 ray_own = process in ("gcs_server", "raylet") or process.startswith("ray::")
+                ray_own |= node is head and port in (44217, 44227)  # Ray's metrics servers
                 driver = node is head and process == "vllm"  # the API (key) and Ray's core worker
                 assert ray_own or driver, f"{node.name}: {process} on {address}:{port}"
         gcs = ["vllm-compose-health", "nodes", "--address", "198.51.100.2:6379"]
