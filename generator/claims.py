@@ -109,6 +109,7 @@ def live(claim: Claim, node: str) -> bool:
 
 def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
     """What the cluster would clash on with the other clusters running on the node."""
+    others = sorted(others, key=lambda o: o.cluster)
     found = [
         f"the name '{c.name}' is taken by the cluster serving at {o.endpoint}: a start would "
         "replace its containers"

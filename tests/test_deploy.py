@@ -321,5 +321,6 @@ def listeners(node: Node) -> list[tuple[str, int, str]]:
         fields = line.split()
         address, port = fields[3].rsplit(":", 1)
         process = fields[5].split('"')[1] if len(fields) > 5 else "?"
-        found.append((address.strip("[]"), int(port), process))
+        # gRPC's IPv6 sockets name an IPv4 address as ::ffff:A.B.C.D
+        found.append((address.strip("[]").removeprefix("::ffff:"), int(port), process))
     return found

@@ -105,8 +105,8 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
         thread.start()
     try:
         for _ in range(3):
-            assert chat(one, two, 30001, small)["choices"][0]["message"]["content"]
-            assert chat(two, one, 30000, big)["choices"][0]["message"]["content"]
+            assert chat(one, two, 30001, small)["usage"]["completion_tokens"] == 4
+            assert chat(two, one, 30000, big)["usage"]["completion_tokens"] == 4
     finally:
         stop.set()
         for thread in loaders:
@@ -128,7 +128,9 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
     assert list(seen["small"]["nodes"]) == ["spark2"]
     assert seen["small"]["endpoint"] == f"http://{two.ip}:30001/v1"
-    assert seen["big"]["health"] == seen["small"]["health"] == "running"
+    for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
+        health = seen[name]["health"]
+        assert health == "running" or health.endswith("serve running, starting"), health
 
     # A third on the big one's API port, a fourth over the nodes' memory: refused, nothing moves.
     before = ids([one, two], "big", "small")
@@ -140,11 +142,12 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     said = "GPU memory overflows: 0.85 of 'greedy' + 0.1 of 'big' + 0.1 of 'small' = 1.05 > 1"
     assert said in greedy.stderr, greedy.stderr
     assert ids([one, two], "big", "small") == before
-    assert clusters.leftovers(one, "taken") == clusters.leftovers(two, "greedy") == []
+    # No container of theirs (preflight's one-off container made their empty volumes).
+    assert clusters.containers(one, "taken") == clusters.containers(two, "greedy") == {}
 
     # `down` of one leaves the other serving, its containers as they were.
     assert cli("down", small, cwd=tmp).returncode == 0
     assert clusters.leftovers(two, "small") == []
-    assert chat(two, one, 30000, big)["choices"][0]["message"]["content"]
+    assert chat(two, one, 30000, big)["usage"]["completion_tokens"] == 4
     assert ids([one, two], "big") == {k: v for k, v in before.items() if "/big/" in k}
     assert sorted(listed(big)) == ["big"]
