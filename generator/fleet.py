@@ -124,13 +124,11 @@ class Fleet:
                 filters = {"label": claims.CLUSTER}
                 listed = self.docker[node.name].container.list(all=True, filters=filters)
                 found = claims.found({node.name: listed})
-                # Ours is ours unless it serves elsewhere: then another config has our name.
-                mine = claims.labels(self.cluster)[claims.ENDPOINT]
+                # Our own name is our own Compose project: a changed config of ours, not a clash.
                 return [
                     claim
                     for name, claim in found.items()
-                    if (name != self.cluster.name or claim.endpoint != mine)
-                    and claims.live(claim, node.name)
+                    if name != self.cluster.name and claims.live(claim, node.name)
                 ]
 
             return run

@@ -113,12 +113,3 @@ def test_a_claim_reads_back_its_clusters_backend_endpoint_and_health() -> None:
         "running",
     )
     assert read.nodes == {"a": {"serve": "running"}}
-
-
-def test_a_running_cluster_of_the_same_name_serving_elsewhere_is_a_name_clash() -> None:
-    there = claim_of(cluster("one", 8000))
-    found = claims.clashes(cluster("one", 8001), "a", [there], 2**33)
-    assert found == [
-        "the name 'one' is taken by the cluster serving at http://10.0.0.1:8000/v1: a start would"
-        " replace its containers"
-    ]
