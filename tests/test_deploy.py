@@ -153,7 +153,10 @@ def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:
     assert cli("up", config, cwd=tmp).returncode == 0
     before = {s: c.id for s, c in containers(head, "change").items()}
     worker_before = containers(worker, "change")["ray"].id
-    config.write_text(config.read_text().replace("port: 30000", "port: 30001"))
+    # A serve-only change (the API port would move every port of the cluster's slot, Ray's too).
+    config.write_text(
+        config.read_text().replace("{port: 30000}", "{port: 30000, args: [--seed, '1']}")
+    )
     result = cli("up", config, cwd=tmp)
     assert result.returncode == 0, result.stderr
     after = {s: c.id for s, c in containers(head, "change").items()}
