@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from generator import checks, lock, probes, rules
+from generator import checks, lock, ports, probes
 from generator.checks import Facts
 from generator.config import Node
 from generator.errors import DockerError, DriftError, PreflightError, reason
@@ -93,7 +93,7 @@ def gather(fleet: Fleet, live: list[Node]) -> tuple[list[Check], dict[str, Facts
     """The facts of every live node, from a container started as its stack starts it; a node
     whose container fails gets a failed check instead. A reach port that something else holds
     on a node (a serving group, an outgoing connection) is tried again on another port."""
-    taken = set(rules.opened_ports(fleet.cluster).values())
+    taken = set(ports.opened(fleet.cluster).values())
     for attempt in range(PORT_TRIES):
         port = random.choice([p for p in range(*REACH_PORTS) if p not in taken])
         failures, gathered = _gather(fleet, live, port)

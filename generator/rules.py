@@ -133,11 +133,6 @@ def _parallel_problems(c: Cluster) -> list[str]:
     return []
 
 
-def opened_ports(c: Cluster) -> dict[str, int]:
-    """The fixed ports the stacks open on their nodes, by the setting that names them."""
-    return ports.opened(c)
-
-
 def _port_problems(c: Cluster) -> list[str]:
     """The ports the stacks open, against each other (Ray's worker range as a whole)."""
     spans = ports.ranges(c)
