@@ -102,22 +102,16 @@ def _state(container: Container) -> str:
     return f"running, {health}" if health else "running"
 
 
-def live(claim: Claim, node: str) -> bool:
-    """Does the cluster run anything on the node (a stopped stack holds no port or memory)?"""
-    return any(s.startswith("running") for s in claim.nodes.get(node, {}).values())
+def live(claim: Claim) -> bool:
+    """Does the claim, as one engine's containers show it, run anything there (a stopped stack
+    holds no port or memory)? Its node names are its own config's, not ours."""
+    return any(s.startswith("running") for on in claim.nodes.values() for s in on.values())
 
 
 def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
     """What the cluster would clash on with the other clusters running on the node."""
     others = sorted(others, key=lambda o: o.cluster)
-    found = []
-    mine = ports.ranges(c)
-    for other in others:
-        for name, span in mine.items():
-            for theirs, taken in other.ports.items():
-                if set(span) & set(taken):
-                    where = f"{span.start}" if len(span) == 1 else f"{span.start}-{span[-1]}"
-                    found.append(f"{name} {where} is taken by cluster '{other.cluster}' ({theirs})")
+    found = port_clashes(c, others)
     total = gpu_memory(c) + sum(o.gpu_memory for o in others)
     if others and total > 1.0 + 1e-9:
         shares = " + ".join(f"{o.gpu_memory:g} of '{o.cluster}'" for o in others)
@@ -130,4 +124,17 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
             f"Ray's object stores ({stores >> 20} MiB with the other clusters') exceed /dev/shm "
             f"({shm_bytes >> 20} MiB)"
         )
+    return found
+
+
+def port_clashes(c: Cluster, others: list[Claim]) -> list[str]:
+    """Each port of the cluster that another cluster's ports span, naming it."""
+    found = []
+    mine = ports.ranges(c)
+    for other in others:
+        for name, span in mine.items():
+            for theirs, taken in other.ports.items():
+                if ports.overlap(span, taken):
+                    where = f"{span.start}" if len(span) == 1 else f"{span.start}-{span[-1]}"
+                    found.append(f"{name} {where} is taken by cluster '{other.cluster}' ({theirs})")
     return found

@@ -19,7 +19,7 @@ from typing import Any
 from python_on_whales import Container, DockerClient, DockerException
 from python_on_whales.components.container.models import ContainerState
 
-from generator import claims, images, probes, secrets
+from generator import claims, images, probes, secrets, survey
 from generator.config import Cluster, Node
 from generator.errors import DockerError, reason
 from generator.fanout import Report, each, parallel, pump
@@ -117,24 +117,13 @@ class Fleet:
         return parallel("secrets", work, 120, self.report)
 
     def neighbours(self, nodes: list[Node]) -> dict[str, list[claims.Claim]]:
-        """node -> the other clusters running on it, as their containers' labels claim."""
-
-        def look(node: Node) -> Callable[[], list[claims.Claim]]:
-            def run() -> list[claims.Claim]:
-                filters = {"label": claims.CLUSTER}
-                listed = self.docker[node.name].container.list(all=True, filters=filters)
-                found = claims.found({node.name: listed})
-                # Our own name is our own Compose project: a changed config of ours, not a clash.
-                return [
-                    claim
-                    for name, claim in found.items()
-                    if name != self.cluster.name and claims.live(claim, node.name)
-                ]
-
-            return run
-
-        seen = each({n.name: look(n) for n in nodes}, 30)
-        return {name: [] if isinstance(v, BaseException) else v for name, v in seen.items()}
+        """node -> the other clusters running on it, as their containers' labels claim. Our own
+        name is our own Compose project: a changed config of ours, not a clash."""
+        seen = survey.on_nodes({n.name: n.docker_context for n in nodes})
+        return {
+            node: [c for name, c in on.items() if name != self.cluster.name]
+            for node, on in seen.items()
+        }
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID its engine has under `ref`, None where it has none."""

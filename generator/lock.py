@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from generator import __version__, probes, validation
+from generator import __version__, probes, slots, validation
 from generator.config import Cluster
 from generator.errors import ConfigError, DriftError
 from generator.fleet import Fleet
@@ -51,6 +51,7 @@ class Lock(BaseModel):
     wrapper: LockedWrapper
     versions: dict[str, str | None]
     model: LockedModel
+    api_port: int | None = None  # picked for a config without vllm.port (slots.py)
 
 
 def path_for(config: Path) -> Path:
@@ -80,17 +81,20 @@ def make(
     digests: list[str],
     versions: dict[str, str | None],
     model: dict[str, Any],
+    config_hash: str | None = None,
+    api_port: int | None = None,
 ) -> Lock:
     # The wrapper is built on each node from the base: its tag follows from the base's ID and the
     # wrapper's files; its image ID differs per node (build time), so the tag is what is pinned.
     wrapper = wrapper_tag(cluster.model_copy(update={"image": image_id}))
     return Lock(
         tool=f"vllm-compose {__version__}",
-        config_hash=cluster.config_hash(),
+        config_hash=config_hash or cluster.config_hash(),
         image=LockedImage(ref=cluster.image, id=image_id, digests=sorted(digests)),
         wrapper=LockedWrapper(tag=wrapper),
         versions=versions,
         model=LockedModel.model_validate({"path": cluster.model.path, **model}),
+        api_port=api_port,
     )
 
 
@@ -106,9 +110,10 @@ def text(lock: Lock) -> str:
     return json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
-def resolve(fleet: Fleet) -> Lock:
-    """What the head resolves the config to now: its base image, the versions inside it and
-    the model's manifest (every file hashed, on the head)."""
+def resolve(fleet: Fleet, config_hash: str, port_given: bool) -> Lock:
+    """What the head resolves the config (of `config_hash`) to now: its base image, the versions
+    inside it and the model's manifest (every file hashed, on the head); and the API port picked
+    for it when the config names none."""
     head, cluster = fleet.head, fleet.cluster
     fleet.contexts_answer(30)
     fleet.images([head])
@@ -117,12 +122,18 @@ def resolve(fleet: Fleet) -> Lock:
     fleet.report(f"lock: hashing {cluster.model.path} on {head.name}")
     facts = fleet.health(head, probes.facts("lo", "127.0.0.1", 0))
     manifest = fleet.manifest(head)
-    return make(cluster, base.id, list(base.repo_digests), facts["versions"], manifest)
+    picked = None if port_given else cluster.vllm.port
+    digests = list(base.repo_digests)
+    return make(cluster, base.id, digests, facts["versions"], manifest, config_hash, picked)
 
 
 def pinned(cluster: Cluster, lock: Lock) -> Cluster:
-    """The cluster with its base image named by the locked ID."""
-    return cluster.pinned_to(lock.image.id)
+    """The cluster with its base image named by the locked ID (and at the API port picked for
+    it, when the config names none)."""
+    pinned = cluster.pinned_to(lock.image.id)
+    if lock.api_port is None or slots.given(cluster):
+        return pinned
+    return slots.at(pinned, lock.api_port)
 
 
 def config_drift(cluster: Cluster, lock: Lock) -> list[str]:

@@ -102,3 +102,8 @@ def ranges(c: Cluster) -> dict[str, range]:
     if first is not None:
         found["Ray's worker ports"] = range(first.start, first.start + WORKER_PORTS)
     return found
+
+
+def overlap(a: range, b: range) -> bool:
+    """Do two spans of ports share a port?"""
+    return a.start < b.stop and b.start < a.stop

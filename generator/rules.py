@@ -141,7 +141,7 @@ def _port_problems(c: Cluster) -> list[str]:
         f"{name}: {spans[name].start} is taken by {other}; choose another"
         for i, name in enumerate(names)
         for other in names[i + 1 :]
-        if set(spans[name]) & set(spans[other])
+        if ports.overlap(spans[name], spans[other])
     ]
 
 

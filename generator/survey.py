@@ -17,11 +17,23 @@ def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, st
     """cluster -> its claim (nodes, services and their states), and context -> why it did not
     answer. Every context at once."""
 
-    def look(context: str) -> Callable[[], list[Container]]:
-        docker = DockerClient(context=context)
-        return lambda: docker.container.list(all=True, filters={"label": claims.CLUSTER})
-
-    seen = each({ctx: look(ctx) for ctx in dict.fromkeys(contexts)}, TIMEOUT)
+    seen = each({ctx: _look(ctx) for ctx in dict.fromkeys(contexts)}, TIMEOUT)
     answered = {ctx: v for ctx, v in seen.items() if not isinstance(v, BaseException)}
     failed = {ctx: reason(v) for ctx, v in seen.items() if isinstance(v, BaseException)}
     return claims.found(answered), failed
+
+
+def on_nodes(contexts: dict[str, str]) -> dict[str, dict[str, claims.Claim]]:
+    """node -> context given: node -> cluster -> claim, the clusters running on each node. Every
+    node at once; one that does not answer shows none (the command's own steps name it)."""
+    seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
+    found: dict[str, dict[str, claims.Claim]] = {}
+    for node, listed in seen.items():
+        on = {} if isinstance(listed, BaseException) else claims.found({node: listed})
+        found[node] = {name: c for name, c in on.items() if claims.live(c)}
+    return found
+
+
+def _look(context: str) -> Callable[[], list[Container]]:
+    docker = DockerClient(context=context)
+    return lambda: docker.container.list(all=True, filters={"label": claims.CLUSTER})

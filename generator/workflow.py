@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from generator import config, history, lock, output, render, secrets, stamps
+from generator import config, history, lock, output, render, secrets, slots, stamps, survey
 from generator.deploy import Deployment, Timeouts
 from generator.errors import DriftError
 from generator.fanout import Report
@@ -76,11 +76,25 @@ def relock(
     found: secrets.Local,
 ) -> lock.Lock:
     """Resolve the config (as loaded, without its lock) on its head now and write the lock."""
-    rendered = plan(path, cluster, outdir, found)
+    placed = place(cluster, report)
+    rendered = plan(path, placed, outdir, found)
     output.apply(rendered.changes)
-    resolved = lock.resolve(Fleet(cluster, rendered.folder, report, found.files))
+    fleet = Fleet(placed, rendered.folder, report, found.files)
+    resolved = lock.resolve(fleet, cluster.config_hash(), slots.given(cluster))
     lock.write(path, resolved)
     return resolved
+
+
+def place(cluster: config.Cluster, report: Report) -> config.Cluster:
+    """The cluster at its API port: the config's or lock's, else where it runs or the first free
+    slot on its nodes (slots.py)."""
+    if slots.given(cluster):
+        return cluster
+    seen = survey.on_nodes({n.name: n.docker_context for n in cluster.nodes})
+    placed, why = slots.placed(cluster, seen)
+    if why:
+        report(f"ports: {why}")
+    return placed
 
 
 @contextlib.contextmanager
@@ -110,6 +124,7 @@ def opened(
         cluster = lock.pinned(cluster, locked) if locked else cluster
     else:
         cluster, locked = pinned(path, cluster, strict)
+    cluster = place(cluster, report)
     with contextlib.ExitStack() as stack:
         folder = outdir
         if not with_secrets:

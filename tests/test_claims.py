@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from generator import claims, config, ports
+from generator import claims, config, ports, slots
 from generator.claims import Claim
 from generator.stack import NodeStack
 
@@ -113,3 +113,31 @@ def test_a_claim_reads_back_its_clusters_backend_endpoint_and_health() -> None:
         "running",
     )
     assert read.nodes == {"a": {"serve": "running"}}
+
+
+def unported(name: str, backend: str = "ray") -> config.Cluster:
+    """A config that names no API port."""
+    text = BASE.format(name=name, port=0, backend=backend, memory=0.4)
+    return config.parse(text.replace("port: 0, ", ""))
+
+
+def test_a_config_without_an_api_port_takes_the_first_slot_free_on_all_its_nodes() -> None:
+    alone, why = slots.placed(unported("new"), {"a": {}, "b": {}})
+    assert (alone.vllm.port, why) == (8000, None)
+    # 'one' holds slot 0 on a, 'two' slot 1 on b: the first slot free on both is 2.
+    seen = {
+        "a": {"one": claim_of(cluster("one", 8000))},
+        "b": {"two": claim_of(cluster("two", 8101))},
+    }
+    placed, why = slots.placed(unported("new", "native"), seen)
+    assert placed.vllm.port == 8002
+    assert why == "API port 8002 (slot 2): 'one', 'two' hold the slots below"
+    assert claims.port_clashes(placed, list(seen["a"].values()) + list(seen["b"].values())) == []
+    assert (ports.ray_gcs(placed), ports.group(placed)) == (6381, 29512)
+
+
+def test_a_config_without_an_api_port_keeps_the_port_its_running_cluster_has() -> None:
+    seen = {"a": {"new": claim_of(cluster("new", 8003)), "one": claim_of(cluster("one", 8000))}}
+    assert slots.placed(unported("new"), seen) == (slots.at(unported("new"), 8003), None)
+    # A config that names its port keeps it, clash or not (preflight names the clash).
+    assert slots.placed(cluster("new", 8000), seen)[0].vllm.port == 8000

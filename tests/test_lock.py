@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from generator import config, lock, render
+from generator import config, lock, render, slots
 from tests.test_config import CASES
 
 HEALTH = Path(__file__).parent.parent / "image" / "health.py"
@@ -34,6 +34,16 @@ def test_the_lock_pins_the_image_by_id_and_notices_a_changed_config() -> None:
     assert lock.config_drift(changed, entry) == [
         "the config changed since it was locked (its hash differs)"
     ]
+
+
+def test_the_port_picked_for_a_config_without_one_is_kept_in_the_lock() -> None:
+    unported = config.parse(CASES.joinpath("sample.yaml").read_text().replace("port: 30000", ""))
+    model = {"revision": None, "files": {}}
+    picked = lock.make(slots.at(unported, 8002), ID, [], {}, model, unported.config_hash(), 8002)
+    assert lock.config_drift(unported, picked) == []
+    assert lock.pinned(unported, picked).vllm.port == 8002
+    assert lock.pinned(CLUSTER, picked).vllm.port == 30000  # a config's own port wins
+    assert lock.Lock.model_validate_json(lock.text(locked())).api_port is None
 
 
 def test_image_drift_names_the_node_and_ignores_nodes_that_lack_it() -> None:
