@@ -17,7 +17,7 @@ from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import evidence, lock, observe, preflight, probes, readiness
+from generator import evidence, lock, observe, preflight, probes, readiness, survey
 from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
@@ -70,7 +70,14 @@ class Deployment:
         self._phase(result, "image", lambda: result.images.update(self._images()))
         self._phase(result, "secrets", self._secrets)
         if checks:
-            self._phase(result, "preflight", self._preflight)
+            # A refused config leaves nothing of its own behind: its preflight's one-off
+            # containers made the project's volumes where it had none.
+            before = survey.volumes(fleet.cluster)
+            try:
+                self._phase(result, "preflight", self._preflight)
+            except VllmComposeError:
+                fleet.drop_volumes_since(before)
+                raise
 
     def start(self, result: Result, keep_on_failure: bool = False) -> None:
         """The group's services in order, ready at its first real completion; on failure its

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import Container, DockerClient, DockerException
+from python_on_whales import Container, DockerClient, DockerException, Volume
 from python_on_whales.components.container.models import ContainerState
 
 from generator import claims, images, probes, secrets, survey
@@ -262,6 +262,14 @@ class Fleet:
             name: f"failed: {reason(found)}" if isinstance(found, BaseException) else "removed"
             for name, found in outcome.items()
         }
+
+    def drop_volumes_since(self, before: dict[str, set[str]]) -> None:
+        """The project's volumes made since `before` (by one-off containers: empty), removed."""
+        for node, now in survey.volumes(self.cluster).items():
+            new: list[Volume | str] = [*sorted(now - before.get(node, now))]
+            with contextlib.suppress(DockerException):
+                if new:
+                    self.docker[node].volume.remove(new)
 
     # Ray, read from the head's GCS inside its Ray container
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from python_on_whales import Container, DockerClient
 
 from generator import claims
 from generator.errors import reason
 from generator.fanout import each
+
+if TYPE_CHECKING:
+    from generator.config import Cluster
 
 TIMEOUT = 30  # per context
 
@@ -32,6 +36,18 @@ def on_nodes(contexts: dict[str, str]) -> dict[str, dict[str, claims.Claim]]:
         on = {} if isinstance(listed, BaseException) else claims.found({node: listed})
         found[node] = {name: c for name, c in on.items() if claims.live(c)}
     return found
+
+
+def volumes(cluster: Cluster) -> dict[str, set[str]]:
+    """node -> the cluster's Compose volumes there (none where the node does not answer)."""
+    label = {"label": f"com.docker.compose.project={cluster.name}"}
+
+    def listed(context: str) -> Callable[[], set[str]]:
+        docker = DockerClient(context=context)
+        return lambda: {v.name for v in docker.volume.list(label)}
+
+    seen = each({n.name: listed(n.docker_context) for n in cluster.nodes}, TIMEOUT)
+    return {n: set() if isinstance(v, BaseException) else v for n, v in seen.items()}
 
 
 def _look(context: str) -> Callable[[], list[Container]]:

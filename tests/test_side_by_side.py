@@ -38,8 +38,9 @@ def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[Pair]:
     clusters.clean(vllm_testbed, tmp_path)
 
 
-def config(tmp: Path, name: str, nodes: list[Node], port: int, memory: float = 0.1) -> Path:
-    vllm = VLLM.format(port=port, memory=memory)
+def config(tmp: Path, name: str, nodes: list[Node], port: int | None, memory: float = 0.1) -> Path:
+    """port None: the config names none, and `up` picks the first slot free on its nodes."""
+    vllm = VLLM.format(port=port, memory=memory).replace("port: None, ", "")
     return clusters.write_config(
         tmp / f"{name}.yaml", name, nodes, images.VLLM, model=MODEL, vllm=vllm
     )
@@ -91,11 +92,15 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     bed, tmp = pair
     one, two = bed.nodes[:2]
     big = config(tmp, "big", [one, two], 30000)  # TP=2 over both nodes: slot 0
-    small = config(tmp, "small", [two], 30001)  # TP=1 on the second node: slot 1
+    small = config(tmp, "small", [two], None)  # TP=1 on the second node, no port named
     for path in (big, small):
         up = cli("up", path, cwd=tmp)
         assert up.returncode == 0, up.stderr
-    assert "beside 'big': no port or memory clash" in cli("preflight", small, cwd=tmp).stdout
+    # big holds slot 0 on spark2: small takes slot 1, and keeps it while it runs.
+    assert "ports: API port 8001 (slot 1): 'big' holds the slots below" in up.stderr, up.stderr
+    checked = cli("preflight", small, cwd=tmp).stdout
+    assert "beside 'big': no port or memory clash" in checked
+    assert "port 8001 is this stack's serve" in checked, checked
 
     # Both answer at once, and a bounded load on the big one does not break the small one.
     stop, done = threading.Event(), list[int]()
@@ -105,7 +110,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
         thread.start()
     try:
         for _ in range(3):
-            assert chat(one, two, 30001, small)["usage"]["completion_tokens"] == 4
+            assert chat(one, two, 8001, small)["usage"]["completion_tokens"] == 4
             assert chat(two, one, 30000, big)["usage"]["completion_tokens"] == 4
     finally:
         stop.set()
@@ -127,7 +132,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     assert sorted(seen) == ["big", "small"]
     assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
     assert list(seen["small"]["nodes"]) == ["spark2"]
-    assert seen["small"]["endpoint"] == f"http://{two.ip}:30001/v1"
+    assert seen["small"]["endpoint"] == f"http://{two.ip}:8001/v1"
     for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
         health = seen[name]["health"]
         assert health == "running" or health.endswith("serve running, starting"), health
@@ -142,8 +147,8 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     said = "GPU memory overflows: 0.85 of 'greedy' + 0.1 of 'big' + 0.1 of 'small' = 1.05 > 1"
     assert said in greedy.stderr, greedy.stderr
     assert ids([one, two], "big", "small") == before
-    # No container of theirs (preflight's one-off container made their empty volumes).
-    assert clusters.containers(one, "taken") == clusters.containers(two, "greedy") == {}
+    # Nothing of theirs stays: not even the volumes their preflight's one-off containers made.
+    assert [clusters.leftovers(n, p) for n in (one, two) for p in ("taken", "greedy")] == [[]] * 4
 
     # `down` of one leaves the other serving, its containers as they were.
     assert cli("down", small, cwd=tmp).returncode == 0
