@@ -97,8 +97,9 @@ class Model(Strict):
 class Vllm(Strict):
     port: Port = Field(
         default=8000,
-        description="Port of the OpenAI-compatible API on the head. Clusters that share a node "
-        "need their own: its last two digits (the cluster's slot) set every other port's default.",
+        description="Port of the OpenAI-compatible API on the head; its last two digits (the "
+        "cluster's slot) set every other port's default. Unset: where the cluster runs, else the "
+        "first of 8000, 8001, ... whose slot is free on all its nodes (a lock records it).",
     )
     tensor_parallel_size: int | None = Field(
         default=None, ge=1, le=512, description="Tensor-parallel size (default: all GPUs / PP)."
