@@ -47,6 +47,9 @@ def placed(c: Cluster, seen: dict[str, dict[str, claims.Claim]]) -> tuple[Cluste
             if not taken:
                 return candidate, None
             names = ", ".join(f"'{name}'" for name in sorted(taken))
-            return candidate, f"API port {DEFAULT + k} (slot {k}): {names} hold the slots below"
+            return (
+                candidate,
+                f"API port {DEFAULT + k} (slot {k}): the slots below are taken by {names}",
+            )
         taken |= clashing
     return c, None  # every slot taken: preflight names the clash

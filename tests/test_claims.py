@@ -131,7 +131,7 @@ def test_a_config_without_an_api_port_takes_the_first_slot_free_on_all_its_nodes
     }
     placed, why = slots.placed(unported("new", "native"), seen)
     assert placed.vllm.port == 8002
-    assert why == "API port 8002 (slot 2): 'one', 'two' hold the slots below"
+    assert why == "API port 8002 (slot 2): the slots below are taken by 'one', 'two'"
     assert claims.port_clashes(placed, list(seen["a"].values()) + list(seen["b"].values())) == []
     assert (ports.ray_gcs(placed), ports.group(placed)) == (6381, 29512)
 

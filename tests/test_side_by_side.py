@@ -97,7 +97,9 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
         up = cli("up", path, cwd=tmp)
         assert up.returncode == 0, up.stderr
     # big holds slot 0 on spark2: small takes slot 1, and keeps it while it runs.
-    assert "ports: API port 8001 (slot 1): 'big' holds the slots below" in up.stderr, up.stderr
+    assert "ports: API port 8001 (slot 1): the slots below are taken by 'big'" in up.stderr, (
+        up.stderr
+    )
     checked = cli("preflight", small, cwd=tmp).stdout
     assert "beside 'big': no port or memory clash" in checked
     assert "port 8001 is this stack's serve" in checked, checked
