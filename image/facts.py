@@ -58,11 +58,14 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     server.listen(16)
     server.settimeout(0.2)
     heard: set[str] = set()
+    given_up: set[str] = set()
     outcome: dict[str, str] = {}
     deadline = time.monotonic() + seconds
 
     def accept() -> None:
-        while time.monotonic() < deadline and not heard.issuperset(peers):
+        # Until every peer got through to us, or our own try of it failed for good (then the
+        # pair already has its cause, and the peer cannot get through either).
+        while time.monotonic() < deadline and not heard.union(given_up).issuperset(peers):
             try:
                 conn, (peer, _) = server.accept()
                 heard.add(peer)
@@ -73,7 +76,9 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     # Every peer at once: one that cannot be reached does not hold up the others.
     threads = [threading.Thread(target=accept, daemon=True)]
     threads += [
-        threading.Thread(target=_connect, args=(ip, (p, port), deadline, outcome), daemon=True)
+        threading.Thread(
+            target=_connect, args=(ip, (p, port), deadline, outcome, given_up), daemon=True
+        )
         for p in peers
     ]
     for thread in threads:
@@ -84,8 +89,13 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     return {"to": outcome, "heard_from": sorted(heard)}
 
 
-def _connect(ip: str, peer: tuple[str, int], deadline: float, outcome: dict[str, str]) -> None:
-    """Connect from `ip` to the peer until it answers or the deadline; outcome[peer IP] says."""
+def _connect(
+    ip: str, peer: tuple[str, int], deadline: float, outcome: dict[str, str], given_up: set[str]
+) -> None:
+    """Connect from `ip` to the peer until it answers or the deadline; outcome[peer IP] says.
+    Refused: the peer is there but not listening yet, so try again. Anything else (no route, no
+    ARP answer, a second 1 s timeout) will not mend in seconds: give up at once."""
+    timeouts = 0
     while True:
         try:
             socket.create_connection(peer, timeout=1, source_address=(ip, 0)).close()
@@ -93,9 +103,12 @@ def _connect(ip: str, peer: tuple[str, int], deadline: float, outcome: dict[str,
             return
         except OSError as e:
             outcome[peer[0]] = str(e)
-            if time.monotonic() > deadline:
+            timeouts += isinstance(e, TimeoutError)
+            final = not isinstance(e, (ConnectionRefusedError, TimeoutError)) or timeouts > 1
+            if final or time.monotonic() > deadline:
+                given_up.add(peer[0])
                 return
-            time.sleep(0.2)
+            time.sleep(0.1)
 
 
 def model_walk(path: str) -> tuple[dict[str, int], dict[str, int], dict[str, str]] | None:
