@@ -38,7 +38,7 @@ def test_the_lock_pins_the_image_by_id_and_notices_a_changed_config() -> None:
 
 def test_the_port_picked_for_a_config_without_one_is_kept_in_the_lock() -> None:
     unported = config.parse(CASES.joinpath("sample.yaml").read_text().replace("port: 30000", ""))
-    model = {"revision": None, "files": {}}
+    model: dict[str, object] = {"revision": None, "files": {}}
     picked = lock.make(slots.at(unported, 8002), ID, [], {}, model, unported.config_hash(), 8002)
     assert lock.config_drift(unported, picked) == []
     assert lock.pinned(unported, picked).vllm.port == 8002
