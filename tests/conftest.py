@@ -22,7 +22,7 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
-    """Three emulated nodes with their own engines, the Ray stand-in image and its model folder
+    """Four emulated nodes with their own engines, the Ray stand-in image and its model folder
     on each."""
     from python_on_whales import DockerClient
 
@@ -30,7 +30,7 @@ def testbed() -> Iterator[Testbed]:
     from tests.support.testbed import running
 
     image = images.standin_base(DockerClient())
-    with running(3) as bed:
+    with running(4) as bed:
         bed.load_image(image)
         clusters.place_standin_model(bed)
         yield bed

@@ -3,6 +3,7 @@ Ray across network namespaces. The serve process is the Ray STAND-IN (tests/supp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -115,35 +116,49 @@ def test_a_worker_that_cannot_join_is_named_at_the_join_deadline(stack: Pair) ->
     assert containers(head, "nojoin") == {}  # rolled back
 
 
-def test_three_nodes_up_twice_changes_nothing_and_down_leaves_nothing(stack: Pair) -> None:
-    """With `metrics`: Prometheus on the head scrapes every node's exporter and real Ray's metrics
-    export port on every node (the image's Ray has its dashboard extra)."""
+def test_four_nodes_tp2_pp2_each_named_its_own_way_up_twice_changes_nothing_down_leaves_nothing(
+    stack: Pair,
+) -> None:
+    """TP=2 x PP=2 over four nodes whose private-link interfaces all have other names (the
+    Spark's twin ports, an eth, an ib). With `metrics`: Prometheus on the head scrapes every
+    node's exporter and real Ray's metrics export port on every node (the image's Ray has its
+    dashboard extra)."""
     bed, tmp = stack
-    config = write_config(tmp / "c.yaml", "trio", bed.nodes)
+    names = ["enp1s0f1np1", "enP2p1s0f1np1", "eth1", "ib0"]
+    vllm = "{port: 30000, tensor_parallel_size: 2, pipeline_parallel_size: 2}"
+    config = clusters.write_config(
+        tmp / "c.yaml", "quad", bed.nodes, images.STANDIN, vllm=vllm, interfaces=names
+    )
     with config.open("a") as f:
         f.write(clusters.METRICS.replace("}", ", ray_port: 8090}") + "\n")
     for image in (images.PROMETHEUS, images.NODE_EXPORTER):
         bed.load_image(images.metrics_image(DockerClient(), image))
-    first = cli("up", config, cwd=tmp)
-    assert first.returncode == 0, first.stderr
-    names = sorted(n.name for n in bed.nodes)
-    load = clusters.promql(bed.nodes[1], "node_load1", len(names))
-    assert sorted(r["metric"]["node"] for r in load) == names
-    ray = clusters.promql(bed.nodes[1], 'count by (node) ({job="ray", __name__=~"ray_.+"})', 3)
-    assert sorted(r["metric"]["node"] for r in ray) == names
-    assert all(int(r["value"][1]) > 10 for r in ray), ray  # Ray's own series
-    before = {n.name: {s: c.id for s, c in containers(n, "trio").items()} for n in bed.nodes}
-    again = cli("up", config, cwd=tmp)
-    assert again.returncode == 0, again.stderr
-    after = {n.name: {s: c.id for s, c in containers(n, "trio").items()} for n in bed.nodes}
-    assert after == before
-    assert "image on spark3: present" in again.stdout
+    with contextlib.ExitStack() as renamed:
+        for node, name in zip(bed.nodes[1:], names[1:], strict=True):
+            renamed.enter_context(bed.renamed_interface(node, name))
+        first = cli("up", config, cwd=tmp)
+        assert first.returncode == 0, first.stderr
+        answer = completion_from(bed.nodes[3], "http://192.168.200.12:30000/v1/completions", config)
+        assert answer["ray_nodes"] == sorted(n.ip for n in bed.nodes)
+        nodes = sorted(n.name for n in bed.nodes)
+        load = clusters.promql(bed.nodes[1], "node_load1", len(nodes))
+        assert sorted(r["metric"]["node"] for r in load) == nodes
+        query = 'count by (node) ({job="ray", __name__=~"ray_.+"})'
+        ray = clusters.promql(bed.nodes[1], query, len(nodes))
+        assert sorted(r["metric"]["node"] for r in ray) == nodes
+        assert all(int(r["value"][1]) > 10 for r in ray), ray  # Ray's own series
+        before = {n.name: {s: c.id for s, c in containers(n, "quad").items()} for n in bed.nodes}
+        again = cli("up", config, cwd=tmp)
+        assert again.returncode == 0, again.stderr
+        after = {n.name: {s: c.id for s, c in containers(n, "quad").items()} for n in bed.nodes}
+        assert after == before
+        assert "image on spark4: present" in again.stdout
 
-    down = cli("down", config, cwd=tmp)
+        down = cli("down", config, cwd=tmp)
     assert down.returncode == 0, down.stderr
-    assert down.stdout.splitlines() == ["spark1: removed", "spark2: removed", "spark3: removed"]
+    assert down.stdout.splitlines() == [f"{name}: removed" for name in nodes]
     for node in bed.nodes:
-        assert clusters.leftovers(node, "trio") == []
+        assert clusters.leftovers(node, "quad") == []
 
 
 def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.testbed
 def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothing_moves(
     testbed: Testbed, tmp_path: Path
 ) -> None:
-    first, second, third = testbed.nodes
+    first, second, third = testbed.nodes[:3]
     base = test_images.debian_base(DockerClient())
     testbed.load_image(base)
     cluster = config.parse(

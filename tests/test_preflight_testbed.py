@@ -50,7 +50,7 @@ def write(tmp: Path, bed: Testbed, nodes: list[Node] | None = None, **kw) -> Pat
 
 
 def test_a_healthy_three_node_cluster_passes(bed: Testbed, tmp_path: Path) -> None:
-    code, checks, took = preflight(write(tmp_path, bed, bed.nodes))
+    code, checks, took = preflight(write(tmp_path, bed, bed.nodes[:3]))
     assert failures(checks) == [] and code == 0
     reach = [c["cause"] for c in checks if c["name"] == "reach"]
     assert len(reach) == 6  # every ordered pair
