@@ -4,6 +4,7 @@ ID after loading. A node that has the image moves nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable
@@ -66,49 +67,69 @@ def _build(target: Target, tag: str, base: str) -> None:
         raise DockerError(target.name, f"building {tag} from {base} failed", e.stderr or "") from e
 
 
-def stream(tag: str, source: Target, dest: Target, report: Report) -> int:
-    """`docker save | docker load` between two contexts, with progress; returns bytes moved.
-    Processes of its own (python-on-whales's command lines): python-on-whales's save and load
-    streams split the tar at newline bytes, leave their pipes open, and give `docker save` 0.1 s
-    to exit (tests/test_layout.py names this exception)."""
+def stream(tag: str, source: Target, dests: list[Target], report: Report) -> int:
+    """One `docker save` on the source, every byte of it written to a `docker load` on each
+    destination at once (the source reads the image once, however many nodes lack it), with
+    progress; each destination checked by ID. Returns the bytes moved to each. Processes of its
+    own (python-on-whales's command lines): python-on-whales's save and load streams split the
+    tar at newline bytes, leave their pipes open, and give `docker save` 0.1 s to exit
+    (tests/test_layout.py names this exception)."""
     size = source.docker.image.inspect(tag).size
     save = subprocess.Popen(
         [*map(str, source.docker.client_config.docker_cmd), "save", tag], stdout=subprocess.PIPE
     )
-    load = subprocess.Popen(
-        [*map(str, dest.docker.client_config.docker_cmd), "load", "-q"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    route = f"{source.name} -> {dest.name}"
+    loads = {
+        d.name: subprocess.Popen(
+            [*map(str, d.docker.client_config.docker_cmd), "load", "-q"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for d in dests
+    }
+    route = f"{source.name} -> {', '.join(loads)}"
     moved = _pump(
-        save, load, lambda n: report(f"image: {tag} {route}: {n >> 20} / ~{size >> 20} MiB")
+        save, loads, lambda n: report(f"image: {tag} {route}: {n >> 20} / ~{size >> 20} MiB")
     )
     save.wait()
-    assert load.stderr
-    with load.stderr:
-        err = load.stderr.read().decode(errors="replace")
-    if save.returncode or load.wait():
-        raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
-    want, got = source.docker.image.inspect(tag).id, dest.docker.image.inspect(tag).id
-    if want != got:
-        raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")
+    want = source.docker.image.inspect(tag).id
+    for dest in dests:
+        load = loads[dest.name]
+        assert load.stderr
+        with load.stderr:
+            err = load.stderr.read().decode(errors="replace")
+        if save.returncode or load.wait():
+            raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
+        got = dest.docker.image.inspect(tag).id
+        if want != got:
+            raise DockerError(dest.name, f"{tag} arrived as {got[:19]}, expected {want[:19]}")
     return moved
 
 
 def _pump(
-    save: subprocess.Popen[bytes], load: subprocess.Popen[bytes], tick: Callable[[int], None]
+    save: subprocess.Popen[bytes],
+    loads: dict[str, subprocess.Popen[bytes]],
+    tick: Callable[[int], None],
 ) -> int:
-    assert save.stdout and load.stdin
-    moved, last = 0, time.monotonic()
-    with save.stdout, load.stdin:
-        while chunk := save.stdout.read(CHUNK):
-            load.stdin.write(chunk)
+    """The save's bytes into every load that still takes them (one that broke is named after)."""
+    assert save.stdout
+    moved, last, taking = 0, time.monotonic(), dict(loads)
+    with save.stdout:
+        while taking and (chunk := save.stdout.read(CHUNK)):
+            for name, load in list(taking.items()):
+                assert load.stdin
+                try:
+                    load.stdin.write(chunk)
+                except BrokenPipeError:
+                    del taking[name]
             moved += len(chunk)
             if time.monotonic() - last > 2:
                 tick(moved)
                 last = time.monotonic()
+    for load in loads.values():
+        with contextlib.suppress(BrokenPipeError):
+            assert load.stdin
+            load.stdin.close()
     return moved
 
 
@@ -153,13 +174,12 @@ def _stream_lacking(
     if lacking and not have:
         raise DockerError(lacking[0].name, missing, hint=hint)
 
-    def copy(t: Target) -> str:
-        moved = stream(tag, have[0], t, report)
-        report(f"image: {tag} streamed {have[0].name} -> {t.name} ({moved >> 20} MiB)")
-        return "streamed"
-
-    # One `docker save` per destination.
-    return outcome | _all_at_once({t.name: partial(copy, t) for t in lacking})
+    if not lacking:
+        return outcome
+    moved = stream(tag, have[0], lacking, report)
+    names = ", ".join(t.name for t in lacking)
+    report(f"image: {tag} streamed {have[0].name} -> {names} ({moved >> 20} MiB each)")
+    return outcome | {t.name: "streamed" for t in lacking}
 
 
 def _all_at_once(work: dict[str, Callable[[], str]]) -> dict[str, str]:

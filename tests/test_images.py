@@ -50,8 +50,9 @@ def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothin
     }
     wanted = first.docker.image.inspect(tag).id
     assert second.docker.image.inspect(tag).id == wanted == third.docker.image.inspect(tag).id
-    done = sorted(line.split(" (")[0] for line in progress if " streamed " in line)
-    assert done == [f"image: {tag} streamed a -> b", f"image: {tag} streamed a -> c"]
+    # One save on a, read once and loaded on b and c at once.
+    done = [line.split(" (")[0] for line in progress if " streamed " in line]
+    assert done == [f"image: {tag} streamed a -> b, c"]
 
     progress.clear()
     assert images.distribute(targets, tag, base, progress.append) == {
