@@ -13,10 +13,11 @@ import json
 import queue
 import subprocess
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import Container, DockerClient, DockerException, Volume
+from python_on_whales import Container, DockerClient, DockerException, Image, Volume
 from python_on_whales.components.container.models import ContainerState
 
 from generator import claims, images, probes, secrets, survey
@@ -126,14 +127,11 @@ class Fleet:
         }
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
-        """node -> the ID its engine has under `ref`, None where it has none."""
-        found: dict[str, str | None] = {}
-        for node in nodes:
-            try:
-                found[node.name] = self.docker[node.name].image.inspect(ref).id
-            except DockerException:
-                found[node.name] = None
-        return found
+        """node -> the ID its engine has under `ref`, None where it has none; all at once."""
+        work: dict[str, Callable[[], Image]]
+        work = {n.name: partial(self.docker[n.name].image.inspect, ref) for n in nodes}
+        seen = each(work, 30)
+        return {n: None if isinstance(v, BaseException) else v.id for n, v in seen.items()}
 
     # One-off health runs
 
