@@ -62,23 +62,10 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     outcome: dict[str, str] = {}
     deadline = time.monotonic() + seconds
 
-    def accept() -> None:
-        # Until every peer got through to us, or our own try of it failed for good (then the
-        # pair already has its cause, and the peer cannot get through either).
-        while time.monotonic() < deadline and not heard.union(given_up).issuperset(peers):
-            try:
-                conn, (peer, _) = server.accept()
-                heard.add(peer)
-                conn.close()
-            except OSError:
-                pass
-
     # Every peer at once: one that cannot be reached does not hold up the others.
-    threads = [threading.Thread(target=accept, daemon=True)]
+    threads = [threading.Thread(target=_accept, args=(server, peers, heard, given_up, deadline))]
     threads += [
-        threading.Thread(
-            target=_connect, args=(ip, (p, port), deadline, outcome, given_up), daemon=True
-        )
+        threading.Thread(target=_connect, args=(ip, (p, port), deadline, outcome, given_up))
         for p in peers
     ]
     for thread in threads:
@@ -87,6 +74,20 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
         thread.join()
     server.close()
     return {"to": outcome, "heard_from": sorted(heard)}
+
+
+def _accept(
+    server: socket.socket, peers: list[str], heard: set[str], given_up: set[str], deadline: float
+) -> None:
+    """Until every peer got through to us, or our own try of it failed for good (then the pair
+    already has its cause, and the peer cannot get through either)."""
+    while time.monotonic() < deadline and not heard.union(given_up).issuperset(peers):
+        try:
+            conn, (peer, _) = server.accept()
+            heard.add(peer)
+            conn.close()
+        except OSError:
+            pass
 
 
 def _connect(
