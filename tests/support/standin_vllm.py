@@ -79,7 +79,9 @@ def main() -> None:
         def log_message(self, *_: object) -> None:
             pass
 
-    ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
+    server = ThreadingHTTPServer(("0.0.0.0", args.port), Handler)
+    print("INFO:     Application startup complete.", flush=True)  # uvicorn's line, as vLLM's
+    server.serve_forever()
 
 
 if __name__ == "__main__":
