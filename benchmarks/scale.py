@@ -8,8 +8,9 @@ figures measure the tool, not vLLM) on emulated nodes with their own engines
 (tests/support/testbed.py), images already on the nodes. Each `up` is timed after a first `up`
 and `down` of the same config (the wrappers built, not timed). The controller's memory is that
 of the `up` process and every process under it (its docker and compose CLIs), sampled every
-0.1 s: at its peak, the RSS summed and the PSS summed (shared pages split among their sharers). Each size is also started by hand, the floor: the
-folders `up` rendered, `docker compose up -d` on every node at once, until the head answers.
+0.1 s: at its peak, the RSS summed and the PSS summed (shared pages split among their
+sharers). Each size is also started by hand, the floor: the folders `up` rendered, `docker
+compose up -d` on every node at once, until the head answers.
 """
 
 from __future__ import annotations
