@@ -212,7 +212,7 @@ def _neighbours(c: Cluster, node: Node, others: list[Claim], f: Facts) -> Check:
     found = clashes(c, node.name, others, f.shm_bytes)
     names = ", ".join(f"'{o.cluster}'" for o in others)
     if found:
-        hint = "give this cluster another vllm.port (every port follows it) or less memory"
+        hint = "another name, another vllm.port (every port follows it) or less memory"
         return failed("clusters", node.name, "; ".join(found), hint)
     return passed("clusters", node.name, f"beside {names}: no port or memory clash")
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 PREFIX = "io.vllm-compose."
 CLUSTER = f"{PREFIX}cluster"
 ENDPOINT = f"{PREFIX}endpoint"
+CONFIG = f"{PREFIX}config"  # the name of the config file the stack was rendered from
 
 
 def gpu_memory(c: Cluster) -> float:
@@ -53,6 +54,7 @@ class Claim:
     ports: dict[str, range] = field(default_factory=dict)
     gpu_memory: float = 0.0
     object_store: int = 0
+    config: str = "?"
     # node -> service -> "running", "running, unhealthy", "exited (exit 137)", ...
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -85,6 +87,7 @@ def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
 def _read(claim: Claim, own: dict[str, str]) -> None:
     claim.backend = own.get(f"{PREFIX}backend", claim.backend)
     claim.endpoint = own.get(ENDPOINT, claim.endpoint)
+    claim.config = own.get(CONFIG, claim.config)
     try:
         spans = json.loads(own.get(f"{PREFIX}ports", "{}"))
         claim.ports = {name: range(start, stop) for name, (start, stop) in spans.items()}
@@ -102,6 +105,13 @@ def _state(container: Container) -> str:
     return f"running, {health}" if health else "running"
 
 
+def foreign(claim: Claim, name: str, config: str) -> bool:
+    """Is the claim another cluster than the one of this name and config file? One of another
+    name is; one of ours from another config file is too (a copy that kept the name would
+    replace it), unless either file is unknown."""
+    return claim.cluster != name or (config not in ("", "?") and claim.config not in ("?", config))
+
+
 def live(claim: Claim) -> bool:
     """Does the claim, as one engine's containers show it, run anything there (a stopped stack
     holds no port or memory)? Its node names are its own config's, not ours."""
@@ -111,7 +121,14 @@ def live(claim: Claim) -> bool:
 def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
     """What the cluster would clash on with the other clusters running on the node."""
     others = sorted(others, key=lambda o: o.cluster)
-    found = port_clashes(c, others)
+    found = [
+        f"the name '{c.name}' is taken by the cluster started from {o.config}: a start would "
+        "replace it"
+        for o in others
+        if o.cluster == c.name
+    ]
+    others = [o for o in others if o.cluster != c.name]
+    found += port_clashes(c, others)
     total = gpu_memory(c) + sum(o.gpu_memory for o in others)
     if others and total > 1.0 + 1e-9:
         shares = " + ".join(f"{o.gpu_memory:g} of '{o.cluster}'" for o in others)

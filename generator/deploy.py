@@ -65,6 +65,7 @@ class Deployment:
         image on every node, the secrets, preflight."""
         fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
+        refuse_same_name(fleet)  # before the secrets: they would replace that cluster's
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))
@@ -222,3 +223,17 @@ class Deployment:
                 if what != "removed":
                     fleet.report(f"recreate: {node}: {what}")
         return self.up()
+
+
+def refuse_same_name(fleet: Fleet) -> None:
+    """A cluster of this name started from another config file runs on a node: its stacks are
+    not this config's to replace or remove (claims.foreign)."""
+    for node, on in fleet.neighbours(fleet.cluster.nodes).items():
+        for claim in on:
+            if claim.cluster == fleet.cluster.name:
+                cause = (
+                    f"the cluster '{claim.cluster}' there was started from {claim.config}, "
+                    f"not {fleet.source}"
+                )
+                hint = f"give this config another name, or act on that one: {claim.config}"
+                raise DockerError(node, cause, hint=hint)

@@ -51,13 +51,15 @@ class Fleet:
         outdir: Path,
         report: Report,
         secret_files: dict[str, Path] | None = None,
+        source: str = "",
     ) -> None:
-        """`cluster` as rendered into `outdir` (with a lock, its image is the locked ID)."""
-        self.cluster = cluster
+        """`cluster` as rendered into `outdir` (with a lock, its image is the locked ID) from
+        the config file named `source`."""
+        self.cluster, self.source = cluster, source
         self.outdir = outdir
         self.report = report
         self.secret_files = secret_files or {}
-        self.stacks: dict[str, NodeStack] = {s.node.name: s for s in node_stacks(cluster, "")}
+        self.stacks: dict[str, NodeStack] = {s.node.name: s for s in node_stacks(cluster, source)}
         self.head = cluster.head
         self.wrapper = self.stacks[self.head.name].image
         self.gcs = self.stacks[self.head.name].gcs_address
@@ -119,11 +121,11 @@ class Fleet:
 
     def neighbours(self, nodes: list[Node]) -> dict[str, list[claims.Claim]]:
         """node -> the other clusters running on it, as their containers' labels claim. Our own
-        name is our own Compose project: a changed config of ours, not a clash."""
+        name from our own config file is a changed config of ours, not a clash (claims.foreign)."""
         seen = survey.on_nodes({n.name: n.docker_context for n in nodes})
+        mine = (self.cluster.name, self.source)
         return {
-            node: [c for name, c in on.items() if name != self.cluster.name]
-            for node, on in seen.items()
+            node: [c for c in on.values() if claims.foreign(c, *mine)] for node, on in seen.items()
         }
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:

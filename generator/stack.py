@@ -157,6 +157,7 @@ class NodeStack:
             "io.vllm-compose.cluster": self.cluster.name,
             "io.vllm-compose.node": self.node.name,
             "io.vllm-compose.role": self.role,
+            claims.CONFIG: self.source,
             **claims.labels(self.cluster),
         }
 

@@ -79,7 +79,7 @@ def relock(
     placed = place(cluster, report)
     rendered = plan(path, placed, outdir, found)
     output.apply(rendered.changes)
-    fleet = Fleet(placed, rendered.folder, report, found.files)
+    fleet = Fleet(placed, rendered.folder, report, found.files, path.name)
     resolved = lock.resolve(fleet, cluster.config_hash(), slots.given(cluster))
     lock.write(path, resolved)
     return resolved
@@ -131,7 +131,7 @@ def opened(
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-compose-")))
         rendered = plan(path, cluster, folder, found)
         output.apply(rendered.changes)
-        fleet = Fleet(cluster, rendered.folder, report, found.files if found else {})
+        fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
         logs = path.with_name(f"{path.stem}.logs")
         stamped = stamps.read(path, cluster.model.path)
         deployment = Deployment(

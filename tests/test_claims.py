@@ -141,3 +141,16 @@ def test_a_config_without_an_api_port_keeps_the_port_its_running_cluster_has() -
     assert slots.placed(unported("new"), seen) == (slots.at(unported("new"), 8003), None)
     # A config that names its port keeps it, clash or not (preflight names the clash).
     assert slots.placed(cluster("new", 8000), seen)[0].vllm.port == 8000
+
+
+def test_a_cluster_of_our_name_from_another_config_file_is_a_name_clash() -> None:
+    there = claim_of(cluster("one", 8000))  # rendered from c.yaml
+    assert there.config == "c.yaml"
+    assert not claims.foreign(there, "one", "c.yaml")  # ours: a changed config updates it
+    assert claims.foreign(there, "one", "copy.yaml")
+    assert claims.foreign(there, "two", "c.yaml")
+    assert not claims.foreign(there, "one", "")  # a file name unknown: not judged
+    found = claims.clashes(cluster("one", 8001), "a", [there], 2**33)
+    assert found == [
+        "the name 'one' is taken by the cluster started from c.yaml: a start would replace it"
+    ]

@@ -1,7 +1,8 @@
 """Two real vLLM clusters on the same two emulated nodes, both over Ray: one TP=2 across both
 nodes, one TP=1 on the second node alone, each with its own Ray cluster, ports and API key. A
 third config on a taken port and a fourth that would overflow the nodes' memory are refused by
-preflight naming the others, and nothing of the two changes; `down` of one leaves the other
+preflight naming the others, a copy of a config that kept its cluster's name can neither start
+nor remove it, and nothing of the two changes; `down` of one leaves the other
 serving; `ls` shows exactly what runs."""
 
 from __future__ import annotations
@@ -148,6 +149,15 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     assert greedy.returncode != 0
     said = "GPU memory overflows: 0.85 of 'greedy' + 0.1 of 'big' + 0.1 of 'small' = 1.05 > 1"
     assert said in greedy.stderr, greedy.stderr
+    # A copy of small's config under another file name, that kept the name: neither its `up`
+    # (its secrets would replace small's on the node) nor its `down` touches small.
+    copy = tmp / "copy.yaml"
+    copy.write_text(small.read_text())
+    for command in ("up", "down"):
+        refused = cli(command, copy, cwd=tmp)
+        assert refused.returncode != 0
+        said = "node 'spark2': the cluster 'small' there was started from small.yaml, not copy.yaml"
+        assert said in refused.stderr, refused.stderr
     assert ids([one, two], "big", "small") == before
     # Nothing of theirs stays: not even the volumes their preflight's one-off containers made.
     assert [clusters.leftovers(n, p) for n in (one, two) for p in ("taken", "greedy")] == [[]] * 4

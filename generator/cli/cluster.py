@@ -37,7 +37,7 @@ from generator.cli.app import (
 )
 from generator.cli.files import locked
 from generator.cli.release import served
-from generator.deploy import Timeouts
+from generator.deploy import Timeouts, refuse_same_name
 from generator.errors import DockerError, VllmComposeError
 
 SkipPreflightOpt = Annotated[
@@ -144,8 +144,11 @@ def preflight(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = Fals
 
 @app.command()
 def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
-    """Stop and remove the stack on every node, in parallel, volumes included."""
-    outcome = open_config(path, outdir).fleet.down()
+    """Stop and remove the stack on every node, in parallel, volumes included. A cluster of
+    the config's name started from another config file is left alone, and named."""
+    fleet = open_config(path, outdir).fleet
+    refuse_same_name(fleet)
+    outcome = fleet.down()
     for node, what in outcome.items():
         out.print(f"{node}: {what}")
     failed = [node for node, what in outcome.items() if what != "removed"]
