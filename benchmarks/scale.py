@@ -29,7 +29,7 @@ from python_on_whales import DockerClient
 
 from generator import images as distribution
 from tests.support import clusters, images
-from tests.support.testbed import STATE, Node, Testbed
+from tests.support.testbed import Node, Testbed, borrowed
 
 WORK = Path("/tmp/vllm-compose-bench-scale")
 
@@ -148,9 +148,7 @@ def main() -> None:
     sizes = [n for n in (2, 4, 8) if n < largest] + [largest]
     print(f"setup: stand-in image on {largest} emulated nodes (not timed)", flush=True)
     image = images.standin_base(DockerClient())
-    own = not (STATE / "testbed.json").exists()
-    bed = Testbed.create(largest) if own else Testbed.load()
-    try:
+    with borrowed(largest) as bed:
         bed.load_image(image)
         clusters.place_standin_model(bed)
         WORK.mkdir(exist_ok=True)
@@ -165,9 +163,6 @@ def main() -> None:
         one = fan_out(bed, image, 1)
         many = fan_out(bed, image, largest - 1)
         print(f"image to 1 node: {one:.1f} s; to {largest - 1}: {many:.1f} s", flush=True)
-    finally:
-        if own:
-            bed.destroy()
     print()
     print("| figure | measured | goal |")
     print("| --- | --- | --- |")

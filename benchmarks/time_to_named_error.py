@@ -20,7 +20,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from tests.support import clusters, images
-from tests.support.testbed import STATE, Testbed, sh
+from tests.support.testbed import Testbed, borrowed, sh
 
 WORK = Path("/tmp/vllm-compose-bench-errors")
 Fault = Callable[[Testbed, Path], contextlib.AbstractContextManager[None]]
@@ -120,10 +120,8 @@ FAULTS: list[tuple[str, Fault]] = [
 def main() -> None:
     print("setup: stand-in image on three emulated nodes (not timed)", flush=True)
     image = images.standin_base(DockerClient())
-    own = not (STATE / "testbed.json").exists()
-    bed = Testbed.create(3) if own else Testbed.load()
     rows = []
-    try:
+    with borrowed(3) as bed:
         bed.load_image(image)
         clusters.place_standin_model(bed)
         WORK.mkdir(exist_ok=True)
@@ -149,9 +147,6 @@ def main() -> None:
             ]
             rows.append((name, took, named[0] if named else "(no failure)", len(named)))
             print(f"{name:26} {took:5.1f} s  {rows[-1][2]}", flush=True)
-    finally:
-        if own:
-            bed.destroy()
     print()
     print("| fault | time to the named error | first failed check (of n) |")
     print("| --- | --- | --- |")

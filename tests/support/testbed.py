@@ -464,6 +464,16 @@ def running(count: int) -> Iterator[Testbed]:
         bed.destroy()
 
 
+@contextlib.contextmanager
+def borrowed(count: int) -> Iterator[Testbed]:
+    """The testbed that is up (left up after), else one of `count` nodes made for the block."""
+    if (STATE / "testbed.json").exists():
+        yield Testbed.load()
+        return
+    with running(count) as bed:
+        yield bed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.support.testbed")
     parser.add_argument("action", choices=["up", "down"])
