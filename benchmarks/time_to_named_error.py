@@ -1,5 +1,5 @@
 """Time to the named error: one injected fault at a time on the emulated nodes, timed from starting
-`vllm-compose preflight` to its exit with the failed check named. Goal: <= 10 s each.
+`vllm-compose preflight` to its exit with the failed check named. Goal: <= 5 s each.
 
     python -m benchmarks.time_to_named_error
 

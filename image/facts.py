@@ -5,6 +5,7 @@ monitor setting, RDMA ports and GPUs (the JSON generator/checks.py reads as `Fac
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import json
 import os
@@ -18,6 +19,8 @@ import threading
 import time
 from importlib import metadata
 from typing import Any
+
+ABSENT = "absent"  # what a node that does not carry its ip tells its peers
 
 
 def interface(name: str) -> dict[str, Any]:
@@ -48,46 +51,81 @@ def interface(name: str) -> dict[str, Any]:
 
 def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any]:
     """Listen on ip:port and connect to every peer's ip:port, both until every pair got through or
-    the time is up. -> ({peer: "ok" or the error}, [peers heard from]) or a listen error."""
+    the time is up. -> ({peer: "ok" or the error}, [peers heard from]) or a listen error. A node
+    that does not carry its ip tells every peer so (from any address it has): they stop waiting
+    for that ip at once instead of taking its refusals for a node that listens late."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         server.bind((ip, port))
     except OSError as e:
+        if e.errno == errno.EADDRNOTAVAIL:
+            _each(_announce, [(ip, (p, port), time.monotonic() + seconds) for p in peers])
         return {"listen": f"cannot listen on {ip}:{port}: {e}"}
     server.listen(16)
     server.settimeout(0.2)
     heard: set[str] = set()
     given_up: set[str] = set()
     outcome: dict[str, str] = {}
+    absent: dict[str, str] = {}
     deadline = time.monotonic() + seconds
 
     # Every peer at once: one that cannot be reached does not hold up the others.
-    threads = [threading.Thread(target=_accept, args=(server, peers, heard, given_up, deadline))]
-    threads += [
-        threading.Thread(target=_connect, args=(ip, (p, port), deadline, outcome, given_up))
-        for p in peers
-    ]
+    accepting = threading.Thread(
+        target=_accept, args=(server, peers, heard, given_up, deadline, absent)
+    )
+    accepting.start()
+    _each(_connect, [(ip, (p, port), deadline, outcome, given_up) for p in peers])
+    accepting.join()
+    server.close()
+    return {"to": outcome | absent, "heard_from": sorted(heard)}
+
+
+def _each(target: Any, calls: list[tuple[Any, ...]]) -> None:
+    threads = [threading.Thread(target=target, args=a) for a in calls]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    server.close()
-    return {"to": outcome, "heard_from": sorted(heard)}
+
+
+def _announce(ip: str, peer: tuple[str, int], deadline: float) -> None:
+    """Tell the peer that `ip` is not on this node, once it listens (or the deadline)."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(peer, timeout=1) as conn:
+                conn.sendall(f"{ABSENT} {ip}\n".encode())
+            return
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+        except OSError:
+            return
 
 
 def _accept(
-    server: socket.socket, peers: list[str], heard: set[str], given_up: set[str], deadline: float
+    server: socket.socket,
+    peers: list[str],
+    heard: set[str],
+    given_up: set[str],
+    deadline: float,
+    absent: dict[str, str],
 ) -> None:
     """Until every peer got through to us, or our own try of it failed for good (then the pair
-    already has its cause, and the peer cannot get through either)."""
+    already has its cause, and the peer cannot get through either), or its node said it does not
+    carry that ip."""
     while time.monotonic() < deadline and not heard.union(given_up).issuperset(peers):
         try:
             conn, (peer, _) = server.accept()
-            heard.add(peer)
-            conn.close()
+            with conn:
+                conn.settimeout(0.5)
+                said = conn.recv(64).decode(errors="replace").split()
         except OSError:
-            pass
+            continue
+        if len(said) == 2 and said[0] == ABSENT and said[1] in peers:
+            absent[said[1]] = f"its node does not carry that address (said from {peer})"
+            given_up.add(said[1])
+        else:
+            heard.add(peer)
 
 
 def _connect(
@@ -97,7 +135,7 @@ def _connect(
     Refused: the peer is there but not listening yet, so try again. Anything else (no route, no
     ARP answer, a second 1 s timeout) will not mend in seconds: give up at once."""
     timeouts = 0
-    while True:
+    while peer[0] not in given_up:
         try:
             socket.create_connection(peer, timeout=1, source_address=(ip, 0)).close()
             outcome[peer[0]] = "ok"

@@ -88,9 +88,11 @@ def test_an_interface_without_the_configured_ip(bed: Testbed, tmp_path: Path) ->
     # spark2's context, but the IP of spark3 (which exists, so nothing leaves the testbed).
     config.write_text(config.read_text().replace("ip: 192.168.200.13", "ip: 192.168.200.14"))
     _code, checks, _ = preflight(config)
-    assert "interface spark2: enp1s0f1np1 carries 192.168.200.13, not 192.168.200.14" in failures(
-        checks
-    )
+    found = failures(checks)
+    assert "interface spark2: enp1s0f1np1 carries 192.168.200.13, not 192.168.200.14" in found
+    # spark2 told spark1 so, rather than spark1 taking spark3's refusals for a late listener.
+    told = "reach spark1: cannot reach spark2 at 192.168.200.14 over TCP: its node does not carry"
+    assert any(line.startswith(told) for line in found), found
 
 
 def test_a_missing_interface(bed: Testbed, tmp_path: Path) -> None:
