@@ -1,7 +1,7 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> every node's Ray (parallel), then serve at once (native: the
+    -> secrets -> preflight -> every node's Ray and the head's serve, all at once (native: the
     headless ranks, then serve), ready at its first real completion. A start phase that fails
     is named at once, then takes the group down again (unless kept for inspection).
 watch (generator/watch.py decides when): `problems` checks the running group, `recreate` takes
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import evidence, lock, observe, preflight, probes, readiness, survey
+from generator import claims, evidence, lock, observe, preflight, probes, readiness, survey
 from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
@@ -65,7 +65,8 @@ class Deployment:
         image on every node, the secrets, preflight."""
         fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
-        refuse_same_name(fleet)  # before the secrets: they would replace that cluster's
+        others = fleet.neighbours(fleet.cluster.nodes)  # one look, for this and preflight
+        refuse_same_name(fleet, others)  # before the secrets: they would replace that cluster's
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))
@@ -75,7 +76,7 @@ class Deployment:
             # containers made the project's volumes where it had none.
             before = survey.volumes(fleet.cluster)
             try:
-                self._phase(result, "preflight", self._preflight)
+                self._phase(result, "preflight", lambda: self._preflight(others))
             except VllmComposeError:
                 fleet.drop_volumes_since(before)
                 raise
@@ -138,8 +139,8 @@ class Deployment:
         nodes = [n for n in self.fleet.cluster.nodes if changed.get(n.name)]
         parallel("secrets", {n.name: stale(n) for n in nodes}, DOWN_TIMEOUT, self.fleet.report)
 
-    def _preflight(self) -> None:
-        preflight.must_pass(self.fleet, self.locked, self.lock_file, self.stamped)
+    def _preflight(self, others: dict[str, list[claims.Claim]]) -> None:
+        preflight.must_pass(self.fleet, others, self.locked, self.lock_file, self.stamped)
 
     def _start(self, result: Result) -> None:
         c, stacks = self.fleet.cluster, self.fleet.stacks
@@ -147,9 +148,10 @@ class Deployment:
             sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
             self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
         if c.backend == "ray":
-            # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM waits for the
-            # workers in its placement group; `_serve_up` names a node that did not join in time.
-            ray = {n: ["ray"] for n in c.nodes}
+            # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM loads while Ray
+            # starts, then waits for the workers in its placement group; `_serve_up` names a node
+            # that did not join in time.
+            ray = {n: ["ray", "serve"] if n == c.head else ["ray"] for n in c.nodes}
             self._phase(result, "ray", lambda: self._started("ray", ray, self.timeouts.ray))
         else:  # the headless ranks, at once (rank 0 waits for them)
             ranks = {n: ["serve"] for n in c.workers}
@@ -182,13 +184,15 @@ class Deployment:
             parallel(phase, {n.name: start(n) for n in services}, timeout, self.fleet.report)
 
     def _serve_up(self, timeout: int) -> None:
-        """Start serve and follow its log; probe it with the same real completion its healthcheck
-        sends as soon as the server says it started, and every few seconds anyway. Waiting on the
-        healthcheck instead would add up to its interval to every start; polling faster would
-        steal CPU from the model load. Meanwhile every other rank must keep running, and with Ray
-        every node must have joined within the join timeout."""
+        """Start serve (with Ray it started beside the head's Ray) and follow its log; probe it
+        with the same real completion its healthcheck sends as soon as the server says it
+        started, and every few seconds anyway. Waiting on the healthcheck instead would add up to
+        its interval to every start; polling faster would steal CPU from the model load.
+        Meanwhile every other rank must keep running, and with Ray every node must have joined
+        within the join timeout."""
         fleet, head, c = self.fleet, self.fleet.head, self.fleet.cluster
-        self._started("serve", {head: ["serve"]})
+        if c.backend != "ray":
+            self._started("serve", {head: ["serve"]})
         if c.backend == "ray":
             others = [(n, "ray") for n in c.nodes]
             join = readiness.Join(self.timeouts.join)
@@ -225,10 +229,12 @@ class Deployment:
         return self.up()
 
 
-def refuse_same_name(fleet: Fleet) -> None:
+def refuse_same_name(fleet: Fleet, others: dict[str, list[claims.Claim]] | None = None) -> None:
     """A cluster of this name started from another config file runs on a node: its stacks are
-    not this config's to replace or remove (claims.foreign)."""
-    for node, on in fleet.neighbours(fleet.cluster.nodes).items():
+    not this config's to replace or remove (claims.foreign). `others`: fleet.neighbours, when
+    already looked up."""
+    seen = fleet.neighbours(fleet.cluster.nodes) if others is None else others
+    for node, on in seen.items():
         for claim in on:
             if claim.cluster == fleet.cluster.name:
                 cause = (

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from generator import checks, lock, ports, probes
 from generator.checks import Facts
+from generator.claims import Claim
 from generator.config import Node
 from generator.errors import DockerError, DriftError, PreflightError, reason
 from generator.fanout import each
@@ -48,15 +49,19 @@ def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float
 
 
 def must_pass(
-    fleet: Fleet, locked: lock.Lock | None, lock_file: Path, stamped: Stamps | None = None
+    fleet: Fleet,
+    others: dict[str, list[Claim]],
+    locked: lock.Lock | None,
+    lock_file: Path,
+    stamped: Stamps | None = None,
 ) -> None:
     """Within up: the contexts answered and the image is everywhere; the rest must pass, and
-    with a lock every node's model must match it."""
+    with a lock every node's model must match it. `others`: the other clusters on the nodes
+    (fleet.neighbours), as up looked before it wrote anything."""
     start = time.monotonic()
     nodes = fleet.cluster.nodes
     found, facts = gather(fleet, nodes)
     bases = fleet.image_ids(fleet.cluster.image, nodes)
-    others = fleet.neighbours(nodes)
     found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
     failures = [c.line() for c in found if c.status == "fail"]
     if failures:

@@ -8,7 +8,9 @@ import contextlib
 import json
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from python_on_whales import DockerException
 
@@ -20,6 +22,7 @@ from generator.fleet import Fleet
 
 LOG_TAIL = 20
 PROBE_EVERY = 15  # seconds between probes until the log says the server started
+RUNNING_TIMEOUT = 30  # asking a node whether a rank still runs
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API listens
 DIAGNOSE_LINES = 2000  # how much of a failed service's log is searched for its cause
 CANARY_GRACE = 30  # a canary that has not come back by its deadline plus this has failed
@@ -102,8 +105,15 @@ class Watched:
             return True
         except DockerException as e:
             self.last = reason(e).removeprefix(f"{probes.HEALTH}: ")
-        for other, service in [(self.node, self.service), *self.others]:
-            if not self.fleet.running(other, service):
+        # Every rank at once: one CLI call each, while the group may still be starting.
+        ranks = [(self.node, self.service), *self.others]
+        work: dict[str, Callable[[], bool]]
+        work = {f"{n.name}/{s}": partial(self.fleet.running, n, s) for n, s in ranks}
+        seen = each(work, RUNNING_TIMEOUT)
+        for other, service in ranks:
+            if isinstance(outcome := seen[f"{other.name}/{service}"], BaseException):
+                raise outcome
+            if outcome is False:
                 phase = self.phase if service == self.service else service
                 raise failure(self.fleet, other, phase, f"{service} stopped", service=service)
         return False
@@ -177,7 +187,9 @@ def _wait(
     """`wait` with its logs open: `lines` the followed service's, `theirs` the other ranks'."""
     fleet, node = watched.fleet, watched.node
     start = reported = time.monotonic()
-    probed = start - PROBE_EVERY
+    # The first probe once the log says the server started (a running one's log says so at
+    # once), else after PROBE_EVERY: a probe of a server still starting only costs its CPU.
+    probed = start if lines is not None else start - PROBE_EVERY
     while True:
         now = time.monotonic()
         if now - probed >= (1 if watched.started else PROBE_EVERY):
