@@ -30,7 +30,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from tests.support import clusters, images
-from tests.support.testbed import MODELS, STATE, Node, Testbed
+from tests.support.testbed import MODELS, Node, Testbed, borrowed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT = 30000
@@ -99,10 +99,8 @@ def main() -> None:
     root = DockerClient()
     print("setup: images, model, testbed (not timed)", flush=True)
     image, model = images.vllm_compile_base(root), images.tiny_model(root)
-    own = not (STATE / "testbed.json").exists()
-    bed = Testbed.create(2) if own else Testbed.load()
     figures: dict[str, float] = {}
-    try:
+    with borrowed(2) as bed:
         head, worker = bed.nodes[:2]
         bed.load_image(image, nodes=[head, worker])
         for node in (head, worker):
@@ -134,9 +132,6 @@ def main() -> None:
         figures["reboot"] = serving(str(head.ip), clusters.api_key(config))
         print(f"reboot: serving {figures['reboot']:.1f} s after the engines came back", flush=True)
         tool("down", config)
-    finally:
-        if own:
-            bed.destroy()
     _table(figures, backend)
 
 

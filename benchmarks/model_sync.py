@@ -23,7 +23,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from tests.support import clusters, images
-from tests.support.testbed import MODELS, STATE, Testbed
+from tests.support.testbed import MODELS, Testbed, borrowed
 
 WORK = Path("/tmp/vllm-compose-bench-sync")
 NAME = "bench-model"
@@ -65,37 +65,34 @@ def main() -> None:
 
     print("setup: stand-in image, two emulated nodes, a random model on the head (not timed)")
     image = images.standin_base(DockerClient())
-    own = not (STATE / "testbed.json").exists()
-    bed = Testbed.create(2) if own else Testbed.load()
-    head, worker = bed.nodes[:2]
-    source = Path(head.models) / NAME
-    try:
-        bed.load_image(image, nodes=[head, worker])
-        shutil.rmtree(source, ignore_errors=True)
-        source.mkdir(parents=True)
-        for i in range(4):
-            (source / f"model-{i:05d}.safetensors").write_bytes(os.urandom(size // 4))
-        WORK.mkdir(exist_ok=True)
-        config = clusters.write_config(
-            WORK / "c.yaml", "bench-sync", [head, worker], image, model=f"{MODELS}/{NAME}"
-        )
-        (WORK / "c.lock.json").unlink(missing_ok=True)
-        cli("lock", str(config))
+    with borrowed(2) as bed:
+        head, worker = bed.nodes[:2]
+        source = Path(head.models) / NAME
+        try:
+            bed.load_image(image, nodes=[head, worker])
+            shutil.rmtree(source, ignore_errors=True)
+            source.mkdir(parents=True)
+            for i in range(4):
+                (source / f"model-{i:05d}.safetensors").write_bytes(os.urandom(size // 4))
+            WORK.mkdir(exist_ok=True)
+            config = clusters.write_config(
+                WORK / "c.yaml", "bench-sync", [head, worker], image, model=f"{MODELS}/{NAME}"
+            )
+            (WORK / "c.lock.json").unlink(missing_ok=True)
+            cli("lock", str(config))
 
-        bed.remove_path(worker, NAME)
-        raw = raw_copy(bed, source, Path(worker.models) / NAME)
-        bed.remove_path(worker, NAME)
-        start = time.monotonic()
-        first = cli("sync-model", str(config)).strip().splitlines()[-1]
-        ours = time.monotonic() - start
-        start = time.monotonic()
-        second = cli("sync-model", str(config)).strip().splitlines()[-1]
-        again = time.monotonic() - start
-    finally:
-        bed.remove_path(head, NAME)
-        bed.remove_path(worker, NAME)
-        if own:
-            bed.destroy()
+            bed.remove_path(worker, NAME)
+            raw = raw_copy(bed, source, Path(worker.models) / NAME)
+            bed.remove_path(worker, NAME)
+            start = time.monotonic()
+            first = cli("sync-model", str(config)).strip().splitlines()[-1]
+            ours = time.monotonic() - start
+            start = time.monotonic()
+            second = cli("sync-model", str(config)).strip().splitlines()[-1]
+            again = time.monotonic() - start
+        finally:
+            bed.remove_path(head, NAME)
+            bed.remove_path(worker, NAME)
 
     mb = size / 1e6
     print()

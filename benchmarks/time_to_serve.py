@@ -26,7 +26,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from tests.support import clusters, images
-from tests.support.testbed import IFNAME, MODELS, STATE, Node, Testbed
+from tests.support.testbed import IFNAME, MODELS, Node, borrowed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT, MASTER_PORT = 30000, 29501
@@ -138,9 +138,7 @@ def main() -> None:
     root = DockerClient()
     print("setup: image, model, testbed (not timed)", flush=True)
     image, model = images.vllm_base(root), images.tiny_model(root)
-    own = not (STATE / "testbed.json").exists()
-    bed = Testbed.create(2) if own else Testbed.load()
-    try:
+    with borrowed(2) as bed:
         head, worker = bed.nodes[:2]
         bed.load_image(image, nodes=[head, worker])
         for node in (head, worker):
@@ -166,9 +164,6 @@ def main() -> None:
             compose.append(took)
             phases.append(phase)
             print(f"run {i + 1}: vllm-compose {took:6.1f} s  ({phase})", flush=True)
-    finally:
-        if own:
-            bed.destroy()
 
     floor, ours = statistics.median(hand), statistics.median(compose)
     print()
