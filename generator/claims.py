@@ -121,12 +121,7 @@ def live(claim: Claim) -> bool:
 def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -> list[str]:
     """What the cluster would clash on with the other clusters running on the node."""
     others = sorted(others, key=lambda o: o.cluster)
-    found = [
-        f"the name '{c.name}' is taken by the cluster started from {o.config}: a start would "
-        "replace it"
-        for o in others
-        if o.cluster == c.name
-    ]
+    found = [f"{name_taken(o)}: a start would replace it" for o in others if o.cluster == c.name]
     others = [o for o in others if o.cluster != c.name]
     found += port_clashes(c, others)
     total = gpu_memory(c) + sum(o.gpu_memory for o in others)
@@ -142,6 +137,11 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
             f"({shm_bytes >> 20} MiB)"
         )
     return found
+
+
+def name_taken(other: Claim) -> str:
+    """Another config's cluster under this config's name (`foreign` says which are)."""
+    return f"the name '{other.cluster}' is taken by the cluster started from {other.config}"
 
 
 def port_clashes(c: Cluster, others: list[Claim]) -> list[str]:

@@ -65,8 +65,10 @@ class Deployment:
         image on every node, the secrets, preflight."""
         fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
-        others = fleet.neighbours(fleet.cluster.nodes)  # one look, for this and preflight
-        refuse_same_name(fleet, others)  # before the secrets: they would replace that cluster's
+        # One look at the other clusters, for the name and for preflight.
+        seen = fleet.neighbours(fleet.cluster.nodes, stopped=True)
+        refuse_same_name(fleet, seen)  # before the secrets: they would replace that cluster's
+        others = {node: [c for c in on if claims.live(c)] for node, on in seen.items()}
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))
@@ -229,17 +231,15 @@ class Deployment:
         return self.up()
 
 
-def refuse_same_name(fleet: Fleet, others: dict[str, list[claims.Claim]] | None = None) -> None:
-    """A cluster of this name started from another config file runs on a node: its stacks are
-    not this config's to replace or remove (claims.foreign). `others`: fleet.neighbours, when
-    already looked up."""
-    seen = fleet.neighbours(fleet.cluster.nodes) if others is None else others
+def refuse_same_name(fleet: Fleet, seen: dict[str, list[claims.Claim]] | None = None) -> None:
+    """A cluster of this name started from another config file is on a node, running or
+    stopped: its stacks are not this config's to replace or remove (claims.foreign). `seen`:
+    fleet.neighbours with the stopped ones, when already looked up."""
+    if seen is None:
+        seen = fleet.neighbours(fleet.cluster.nodes, stopped=True)
     for node, on in seen.items():
         for claim in on:
             if claim.cluster == fleet.cluster.name:
-                cause = (
-                    f"the cluster '{claim.cluster}' there was started from {claim.config}, "
-                    f"not {fleet.source}"
-                )
+                cause = f"{claims.name_taken(claim)}, not {fleet.source}"
                 hint = f"give this config another name, or act on that one: {claim.config}"
                 raise DockerError(node, cause, hint=hint)

@@ -119,10 +119,11 @@ class Fleet:
         work = {n.name: push(n) for n in nodes or self.cluster.nodes}
         return parallel("secrets", work, 120, self.report)
 
-    def neighbours(self, nodes: list[Node]) -> dict[str, list[claims.Claim]]:
-        """node -> the other clusters running on it, as their containers' labels claim. Our own
-        name from our own config file is a changed config of ours, not a clash (claims.foreign)."""
-        seen = survey.on_nodes({n.name: n.docker_context for n in nodes})
+    def neighbours(self, nodes: list[Node], stopped: bool = False) -> dict[str, list[claims.Claim]]:
+        """node -> the other clusters running on it (with `stopped`, stopped ones too), as their
+        containers' labels claim. Our own name from our own config file is a changed config of
+        ours, not a clash (claims.foreign)."""
+        seen = survey.on_nodes({n.name: n.docker_context for n in nodes}, stopped)
         mine = (self.cluster.name, self.source)
         return {
             node: [c for c in on.values() if claims.foreign(c, *mine)] for node, on in seen.items()

@@ -27,14 +27,15 @@ def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, st
     return claims.found(answered), failed
 
 
-def on_nodes(contexts: dict[str, str]) -> dict[str, dict[str, claims.Claim]]:
-    """node -> context given: node -> cluster -> claim, the clusters running on each node. Every
-    node at once; one that does not answer shows none (the command's own steps name it)."""
+def on_nodes(contexts: dict[str, str], stopped: bool = False) -> dict[str, dict[str, claims.Claim]]:
+    """node -> context given: node -> cluster -> claim, the clusters running on each node (with
+    `stopped`, those whose containers are all stopped too). Every node at once; one that does
+    not answer shows none (the command's own steps name it)."""
     seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
     found: dict[str, dict[str, claims.Claim]] = {}
     for node, listed in seen.items():
         on = {} if isinstance(listed, BaseException) else claims.found({node: listed})
-        found[node] = {name: c for name, c in on.items() if claims.live(c)}
+        found[node] = {name: c for name, c in on.items() if stopped or claims.live(c)}
     return found
 
 

@@ -156,8 +156,14 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     for command in ("up", "down"):
         refused = cli(command, copy, cwd=tmp)
         assert refused.returncode != 0
-        said = "node 'spark2': the cluster 'small' there was started from small.yaml, not copy.yaml"
+        said = "node 'spark2': the name 'small' is taken by the cluster started from small.yaml"
+        said += ", not copy.yaml"
         assert said in refused.stderr, refused.stderr
+    # Stopped, small is still not the copy's to remove (nor to start over).
+    stopped = clusters.containers(two, "small").values()
+    two.docker.container.stop(list(stopped), time=5)
+    refused = cli("down", copy, cwd=tmp)
+    assert refused.returncode != 0 and said in refused.stderr, refused.stderr
     assert ids([one, two], "big", "small") == before
     # Nothing of theirs stays: not even the volumes their preflight's one-off containers made.
     assert [clusters.leftovers(n, p) for n in (one, two) for p in ("taken", "greedy")] == [[]] * 4
