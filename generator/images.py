@@ -88,17 +88,19 @@ def stream(tag: str, source: Target, dests: list[Target], report: Report) -> int
         for d in dests
     }
     route = f"{source.name} -> {', '.join(loads)}"
+    start = time.monotonic()
     moved = _pump(
         save, loads, lambda n: report(f"image: {tag} {route}: {n >> 20} / ~{size >> 20} MiB")
     )
     save.wait()
+    _loaded(loads, lambda name, how: report(f"image: {tag} {how} on {name} ({_since(start)})"))
     want = source.docker.image.inspect(tag).id
     for dest in dests:
         load = loads[dest.name]
         assert load.stderr
         with load.stderr:
             err = load.stderr.read().decode(errors="replace")
-        if save.returncode or load.wait():
+        if save.returncode or load.returncode:
             raise DockerError(dest.name, f"loading {tag} from node '{source.name}' failed", err)
         got = dest.docker.image.inspect(tag).id
         if want != got:
@@ -131,6 +133,21 @@ def _pump(
             assert load.stdin
             load.stdin.close()
     return moved
+
+
+def _loaded(loads: dict[str, subprocess.Popen[bytes]], said: Callable[[str, str], None]) -> None:
+    """Each load waited for, said as it ends: the engines go on writing after the last byte."""
+    pending = dict(loads)
+    while pending:
+        for name, load in list(pending.items()):
+            if load.poll() is not None:
+                said(name, "loaded" if load.returncode == 0 else "not loaded")
+                del pending[name]
+        time.sleep(0.1)
+
+
+def _since(start: float) -> str:
+    return f"{time.monotonic() - start:.0f} s"
 
 
 def distribute(targets: list[Target], tag: str, base: str, report: Report) -> dict[str, str]:

@@ -53,6 +53,9 @@ def test_nodes_without_the_base_get_the_wrapper_streamed_at_once_and_then_nothin
     # One save on a, read once and loaded on b and c at once.
     done = [line.split(" (")[0] for line in progress if " streamed " in line]
     assert done == [f"image: {tag} streamed a -> b, c"]
+    # Each node said as its engine finished loading.
+    loaded = sorted(line.split(" (")[0] for line in progress if " loaded on " in line)
+    assert loaded == [f"image: {tag} loaded on b", f"image: {tag} loaded on c"]
 
     progress.clear()
     assert images.distribute(targets, tag, base, progress.append) == {
