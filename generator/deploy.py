@@ -193,12 +193,11 @@ class Deployment:
         Meanwhile every other rank must keep running, and with Ray every node must have joined
         within the join timeout."""
         fleet, head, c = self.fleet, self.fleet.head, self.fleet.cluster
-        if c.backend != "ray":
-            self._started("serve", {head: ["serve"]})
         if c.backend == "ray":
             others = [(n, "ray") for n in c.nodes]
             join = readiness.Join(self.timeouts.join)
         else:  # a headless rank that dies leaves rank 0 waiting for it
+            self._started("serve", {head: ["serve"]})
             others, join = [(n, "serve") for n in c.workers], None
         watched = readiness.Watched(fleet, head, "serve", "serve", others, join)
         readiness.wait(watched, probes.serve(c.vllm.port, c.served_model_name), timeout, True)
