@@ -2,8 +2,8 @@
 nodes, one TP=1 on the second node alone, each with its own Ray cluster, ports and API key. A
 third config on a taken port and a fourth that would overflow the nodes' memory are refused by
 preflight naming the others, a copy of a config that kept its cluster's name can neither start
-nor remove it, and nothing of the two changes; `down` of one leaves the other
-serving; `ls` shows exactly what runs."""
+nor remove it (running or stopped), and nothing of the two changes; `watch` of one recreates that
+one alone; `down` of one leaves the other serving; `ls` shows exactly what runs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support import clusters, images
-from tests.support.clusters import Pair, cli
+from tests.support.clusters import Background, Pair, cli
 from tests.support.testbed import Node, Testbed
 from tests.test_e2e import MODEL
 
@@ -139,6 +139,18 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
         health = seen[name]["health"]
         assert health == "running" or health.endswith("serve running, starting"), health
+
+    # `watch` of small recreates small alone when its Ray dies: big's containers stay as they were.
+    untouched = ids([one, two], "big")
+    watcher = Background("watch", small, "--interval", "2", "--backoff", "1", cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        two.docker.container.kill(clusters.containers(two, "small")["ray"])
+        watcher.wait_for("watch: recovery 1 done: serving again", 600)
+    finally:
+        watcher.interrupt()
+    assert ids([one, two], "big") == untouched
+    assert chat(one, two, 8001, small)["usage"]["completion_tokens"] == 4
 
     # A third on the big one's API port, a fourth over the nodes' memory: refused, nothing moves.
     before = ids([one, two], "big", "small")
