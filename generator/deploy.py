@@ -66,13 +66,13 @@ class Deployment:
         fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
         # One look at the other clusters, for the name and for preflight.
-        seen = fleet.neighbours(fleet.cluster.nodes, stopped=True)
+        seen, ours = fleet.look(fleet.cluster.nodes, stopped=True)
         refuse_same_name(fleet, seen)  # before the secrets: they would replace that cluster's
         others = {node: [c for c in on if claims.live(c)] for node, on in seen.items()}
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))
-        self._phase(result, "secrets", self._secrets)
+        self._phase(result, "secrets", lambda: self._secrets(ours))
         if checks:
             # A refused config leaves nothing of its own behind: its preflight's one-off
             # containers made the project's volumes where it had none.
@@ -116,10 +116,11 @@ class Deployment:
         except DockerError as e:
             raise PhaseError(e.node, "image", e.what, e.detail) from None
 
-    def _secrets(self) -> None:
+    def _secrets(self, ours: set[str]) -> None:
         """The secret files onto the nodes. A running service started before one of its secrets
         last changed on its node (a rotated key, whichever command wrote it there) is removed:
-        the start below recreates it with the new one."""
+        the start below recreates it with the new one. `ours`: the nodes where this stack has
+        containers (no other node has a service to restart)."""
         changed = self.fleet.push_secrets()
 
         def stale(node: Node) -> Callable[[], None]:
@@ -138,7 +139,7 @@ class Deployment:
 
             return run
 
-        nodes = [n for n in self.fleet.cluster.nodes if changed.get(n.name)]
+        nodes = [n for n in self.fleet.cluster.nodes if changed.get(n.name) and n.name in ours]
         parallel("secrets", {n.name: stale(n) for n in nodes}, DOWN_TIMEOUT, self.fleet.report)
 
     def _preflight(self, others: dict[str, list[claims.Claim]]) -> None:

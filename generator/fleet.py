@@ -121,13 +121,19 @@ class Fleet:
 
     def neighbours(self, nodes: list[Node], stopped: bool = False) -> dict[str, list[claims.Claim]]:
         """node -> the other clusters running on it (with `stopped`, stopped ones too), as their
-        containers' labels claim. Our own name from our own config file is a changed config of
-        ours, not a clash (claims.foreign)."""
+        containers' labels claim; ours from our own config file is not one (claims.foreign)."""
+        return self.look(nodes, stopped)[0]
+
+    def look(
+        self, nodes: list[Node], stopped: bool
+    ) -> tuple[dict[str, list[claims.Claim]], set[str]]:
+        """`neighbours`, and the nodes where this cluster has containers: one look at each."""
         seen = survey.on_nodes({n.name: n.docker_context for n in nodes}, stopped)
-        mine = (self.cluster.name, self.source)
-        return {
-            node: [c for c in on.values() if claims.foreign(c, *mine)] for node, on in seen.items()
+        others = {
+            node: [c for c in on.values() if claims.foreign(c, self.cluster.name, self.source)]
+            for node, on in seen.items()
         }
+        return others, {node for node, on in seen.items() if len(others[node]) < len(on)}
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID its engine has under `ref`, None where it has none; all at once."""
@@ -185,8 +191,7 @@ class Fleet:
 
     def containers(self, node: Node) -> list[Container]:
         """The stack's containers on the node, exited ones included."""
-        found: list[Container] = self.docker[node.name].compose.ps(all=True)
-        return found
+        return list(self.docker[node.name].compose.ps(all=True))
 
     def running(self, node: Node, service: str) -> bool:
         """Its container runs, and so does its command (not waiting out a back-off after it
@@ -219,8 +224,7 @@ class Fleet:
     def all_logs(self, node: Node, lines: int) -> str:
         """Every service's last `lines` lines, exited containers too, each with its service and
         time."""
-        logs = self.docker[node.name].compose.logs(tail=str(lines), timestamps=True)
-        return str(logs)
+        return str(self.docker[node.name].compose.logs(tail=str(lines), timestamps=True))
 
     @contextlib.contextmanager
     def follow(self, node: Node, service: str) -> Iterator[queue.Queue[str | None]]:

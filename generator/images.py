@@ -5,6 +5,7 @@ ID after loading. A node that has the image moves nothing."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import IO
 
 from python_on_whales import DockerClient, DockerException
+from python_on_whales.exceptions import NoSuchImage
+from python_on_whales.utils import run
 
 from generator.errors import DockerError
 from generator.fanout import Report, each
@@ -34,35 +37,40 @@ class Target:
 def ensure(target: Target, tag: str, base: str) -> str:
     """'present', 'built', 'rebuilt' (the node's base changed under the same name since the
     wrapper was built: a re-pulled or rebuilt `:latest`), or 'no-base' (the node cannot get the
-    base: it needs a transfer)."""
+    base: it needs a transfer). One look at each image when both are there."""
     docker = target.docker
-    has_base = docker.image.exists(base)
-    if docker.image.exists(tag):
-        if not has_base or _built_on(docker, tag, base):
+    wrapper, origin = _found(docker, tag), _found(docker, base)
+    if wrapper is not None:
+        if origin is None or wrapper[1] == origin[0]:
             return "present"
-        _build(target, tag, base)
+        _build(target, tag, base, origin[0])
         return "rebuilt"
-    if not has_base:
+    if origin is None:
         try:
             docker.image.pull(base, quiet=True)
         except DockerException:
             return "no-base"
-    _build(target, tag, base)
+    _build(target, tag, base, docker.image.inspect(base).id if origin is None else origin[0])
     return "built"
 
 
-def _built_on(docker: DockerClient, tag: str, base: str) -> bool:
-    """Whether the wrapper was built on that very base image (by its ID)."""
-    labels = docker.image.inspect(tag).config.labels or {}
-    return labels.get(BASE_LABEL) == docker.image.inspect(base).id
-
-
-def _build(target: Target, tag: str, base: str) -> None:
-    docker = target.docker
-    labels = {BASE_LABEL: docker.image.inspect(base).id}
+def _found(docker: DockerClient, ref: str) -> tuple[str, str] | None:
+    """The image's ID and the base ID it is labelled with ("" when none); None when the node
+    has no such image. One call: python-on-whales's Image looks again when read later."""
+    form = "{{.Id}} {{json .Config.Labels}}"
     try:
-        docker.legacy_build(
-            target.folder, build_args={"BASE_IMAGE": base}, labels=labels, tags=[tag]
+        said = run([*docker.client_config.docker_cmd, "image", "inspect", "--format", form, ref])
+    except NoSuchImage:
+        return None
+    found, _, labels = str(said).strip().partition(" ")
+    return found, (json.loads(labels) or {}).get(BASE_LABEL, "")
+
+
+def _build(target: Target, tag: str, base: str, base_id: str) -> None:
+    """The wrapper built on the node from `base`, labelled with the ID it was built on."""
+    try:
+        target.docker.legacy_build(
+            target.folder, build_args={"BASE_IMAGE": base}, labels={BASE_LABEL: base_id}, tags=[tag]
         )
     except DockerException as e:
         raise DockerError(target.name, f"building {tag} from {base} failed", e.stderr or "") from e

@@ -135,7 +135,7 @@ def push(
     folder = f"{SECRETS_DIR}/{cluster}"
     try:
         writer = docker.container.create(
-            image, ["-c", script], entrypoint="sh", volumes=[(folder, "/s")]
+            image, ["-c", script], entrypoint="sh", volumes=[(folder, "/s")], pull="never"
         )
         try:
             for name, path in files.items():
