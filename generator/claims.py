@@ -112,6 +112,17 @@ def foreign(claim: Claim, name: str, config: str) -> bool:
     return claim.cluster != name or (config not in ("", "?") and claim.config not in ("?", config))
 
 
+def split(
+    seen: dict[str, dict[str, Claim]], name: str, config: str
+) -> tuple[dict[str, list[Claim]], set[str]]:
+    """node -> cluster -> claim as node -> the other clusters there (`foreign`), and the nodes
+    where the cluster of this name and config has containers."""
+    others = {
+        node: [c for c in on.values() if foreign(c, name, config)] for node, on in seen.items()
+    }
+    return others, {node for node, on in seen.items() if len(others[node]) < len(on)}
+
+
 def live(claim: Claim) -> bool:
     """Does the claim, as one engine's containers show it, run anything there (a stopped stack
     holds no port or memory)? Its node names are its own config's, not ours."""

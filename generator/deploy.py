@@ -51,6 +51,9 @@ class Deployment:
     logs: Path = Path("vllm-compose-logs")  # where a failed group's logs are saved (evidence.py)
     stamped: Stamps | None = None  # the model files as verify last found them (stamps.py)
     timeouts: Timeouts = Timeouts()
+    # The nodes' clusters, stopped ones too, as opening the config found them (survey.on_nodes):
+    # the first stage's look; every later one (watch's recreate) looks afresh.
+    seen: survey.Seen | None = None
 
     def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
         """A start phase that fails takes the whole group down again (a half-started group
@@ -65,10 +68,13 @@ class Deployment:
         image on every node, the secrets, preflight."""
         fleet = self.fleet
         self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
-        # One look at the other clusters, for the name and for preflight.
-        seen, ours = fleet.look(fleet.cluster.nodes, stopped=True)
-        refuse_same_name(fleet, seen)  # before the secrets: they would replace that cluster's
-        others = {node: [c for c in on if claims.live(c)] for node, on in seen.items()}
+        # One look at the clusters on the nodes (opening the config's, when it took one), for
+        # the name, the secrets and preflight; a later stage (watch's recreate) looks afresh.
+        seen = self.seen if self.seen is not None else survey.of(fleet.cluster, stopped=True)
+        self.seen = None
+        theirs, ours = claims.split(seen, fleet.cluster.name, fleet.source)
+        refuse_same_name(fleet, theirs)  # before the secrets: they would replace that cluster's
+        others = {node: [c for c in on if claims.live(c)] for node, on in theirs.items()}
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
         self._phase(result, "image", lambda: result.images.update(self._images()))

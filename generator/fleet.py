@@ -122,18 +122,8 @@ class Fleet:
     def neighbours(self, nodes: list[Node], stopped: bool = False) -> dict[str, list[claims.Claim]]:
         """node -> the other clusters running on it (with `stopped`, stopped ones too), as their
         containers' labels claim; ours from our own config file is not one (claims.foreign)."""
-        return self.look(nodes, stopped)[0]
-
-    def look(
-        self, nodes: list[Node], stopped: bool
-    ) -> tuple[dict[str, list[claims.Claim]], set[str]]:
-        """`neighbours`, and the nodes where this cluster has containers: one look at each."""
         seen = survey.on_nodes({n.name: n.docker_context for n in nodes}, stopped)
-        others = {
-            node: [c for c in on.values() if claims.foreign(c, self.cluster.name, self.source)]
-            for node, on in seen.items()
-        }
-        return others, {node for node, on in seen.items() if len(others[node]) < len(on)}
+        return claims.split(seen, self.cluster.name, self.source)[0]
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:
         """node -> the ID its engine has under `ref`, None where it has none; all at once."""

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from generator.config import Cluster
 
 TIMEOUT = 30  # per context
+Seen = dict[str, dict[str, claims.Claim]]  # node -> cluster -> its claim there
 
 
 def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, str]]:
@@ -27,16 +28,25 @@ def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, st
     return claims.found(answered), failed
 
 
-def on_nodes(contexts: dict[str, str], stopped: bool = False) -> dict[str, dict[str, claims.Claim]]:
+def on_nodes(contexts: dict[str, str], stopped: bool = False) -> Seen:
     """node -> context given: node -> cluster -> claim, the clusters running on each node (with
     `stopped`, those whose containers are all stopped too). Every node at once; one that does
     not answer shows none (the command's own steps name it)."""
     seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
     found: dict[str, dict[str, claims.Claim]] = {}
     for node, listed in seen.items():
-        on = {} if isinstance(listed, BaseException) else claims.found({node: listed})
-        found[node] = {name: c for name, c in on.items() if stopped or claims.live(c)}
-    return found
+        found[node] = {} if isinstance(listed, BaseException) else claims.found({node: listed})
+    return found if stopped else running(found)
+
+
+def of(cluster: Cluster, stopped: bool = False) -> Seen:
+    """`on_nodes` for the cluster's nodes."""
+    return on_nodes({n.name: n.docker_context for n in cluster.nodes}, stopped)
+
+
+def running(seen: Seen) -> Seen:
+    """`on_nodes` with `stopped`, without the clusters that run nothing on a node."""
+    return {node: {k: c for k, c in on.items() if claims.live(c)} for node, on in seen.items()}
 
 
 def volumes(cluster: Cluster) -> dict[str, set[str]]:

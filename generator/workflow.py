@@ -76,7 +76,7 @@ def relock(
     found: secrets.Local,
 ) -> lock.Lock:
     """Resolve the config (as loaded, without its lock) on its head now and write the lock."""
-    placed = place(cluster, report)
+    placed, _ = place(cluster, report)
     rendered = plan(path, placed, outdir, found)
     output.apply(rendered.changes)
     fleet = Fleet(placed, rendered.folder, report, found.files, path.name)
@@ -85,16 +85,17 @@ def relock(
     return resolved
 
 
-def place(cluster: config.Cluster, report: Report) -> config.Cluster:
+def place(cluster: config.Cluster, report: Report) -> tuple[config.Cluster, survey.Seen | None]:
     """The cluster at its API port: the config's or lock's, else where it runs or the first free
-    slot on its nodes (slots.py)."""
+    slot on its nodes (slots.py); and the look this took at the clusters on the nodes, stopped
+    ones too (None when the port is given: no look)."""
     if slots.given(cluster):
-        return cluster
-    seen = survey.on_nodes({n.name: n.docker_context for n in cluster.nodes})
-    placed, why = slots.placed(cluster, seen)
+        return cluster, None
+    seen = survey.of(cluster, stopped=True)
+    placed, why = slots.placed(cluster, survey.running(seen))
     if why:
         report(f"ports: {why}")
-    return placed
+    return placed, seen
 
 
 @contextlib.contextmanager
@@ -124,7 +125,7 @@ def opened(
         cluster = lock.pinned(cluster, locked) if locked else cluster
     else:
         cluster, locked = pinned(path, cluster, strict)
-    cluster = place(cluster, report)
+    cluster, seen = place(cluster, report)
     with contextlib.ExitStack() as stack:
         folder = outdir
         if not with_secrets:
@@ -132,9 +133,9 @@ def opened(
         rendered = plan(path, cluster, folder, found)
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
-        logs = path.with_name(f"{path.stem}.logs")
-        stamped = stamps.read(path, cluster.model.path)
+        logs, stamped = path.with_name(f"{path.stem}.logs"), stamps.read(path, cluster.model.path)
         deployment = Deployment(
             fleet, locked, lock.path_for(path), update_lock, logs, stamped, timeouts or Timeouts()
         )
+        deployment.seen = seen  # its first stage's look at the nodes' clusters
         yield Opened(cluster, locked, found, rendered, deployment, text)

@@ -154,3 +154,13 @@ def test_a_cluster_of_our_name_from_another_config_file_is_a_name_clash() -> Non
     assert found == [
         "the name 'one' is taken by the cluster started from c.yaml: a start would replace it"
     ]
+
+
+def test_one_look_at_the_nodes_splits_into_the_other_clusters_and_the_nodes_where_ours_is() -> None:
+    ours, copy = claim_of(cluster("one", 8000)), claim_of(cluster("one", 8000))
+    copy.config = "copy.yaml"
+    other = claim_of(cluster("two", 8003))
+    seen = {"a": {"one": ours, "two": other}, "b": {"one": copy}, "c": {}}
+    theirs, where = claims.split(seen, "one", "c.yaml")
+    assert theirs == {"a": [other], "b": [copy], "c": []}
+    assert where == {"a"}  # b holds a cluster of our name from another file: not ours
