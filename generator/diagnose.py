@@ -70,6 +70,13 @@ def guard(line: str) -> Guard | None:
     return next((g for g in GUARDS if re.search(g.marker, line)), None)
 
 
+def group_placed(cluster: Cluster, slots: Mapping[str, Mapping[str, float]]) -> bool:
+    """Do made placement groups hold every GPU slot vLLM asks for (TP x PP)? Then its group was
+    made after it said it waits: a slow placement (raylets short of CPU), not a stuck one."""
+    wanted = cluster.tensor_parallel_size * cluster.vllm.pipeline_parallel_size
+    return sum(seen.get("placed", 0) for seen in slots.values()) >= wanted
+
+
 def placement_shortfall(cluster: Cluster, slots: Mapping[str, Mapping[str, float]]) -> list[str]:
     """Why Ray cannot place vLLM's workers, node by node, from every alive Ray node's GPU slots
     (IP -> {"gpus": total, "free": free now}): a node not alive at its IP, or with fewer slots

@@ -8,14 +8,14 @@ import contextlib
 import json
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
 from python_on_whales import DockerException
 
 from generator import diagnose, probes, startlog
-from generator.config import Node
+from generator.config import Cluster, Node
 from generator.errors import PhaseError, reason
 from generator.fanout import each
 from generator.fleet import Fleet
@@ -150,9 +150,14 @@ class Watched:
                 self.fleet, self.node, self.phase, f"{self.service} stopped", service=self.service
             )
         elif tripped := diagnose.guard(line):
-            if tripped is diagnose.PLACEMENT and not self.joined(now=True):
-                return  # a node still joining: the join deadline judges it
-            cause = placement_cause(self.fleet) if tripped is diagnose.PLACEMENT else None
+            cause = None
+            if tripped is diagnose.PLACEMENT:
+                if not self.joined(now=True):
+                    return  # a node still joining: the join deadline judges it
+                slots = self.fleet.gpu_slots()
+                if slots is not None and diagnose.group_placed(self.fleet.cluster, slots):
+                    return  # made since vLLM said it waits
+                cause = placement_cause(self.fleet.cluster, slots)
             raise failure(
                 self.fleet,
                 self.node,
@@ -276,10 +281,12 @@ def progress(fleet: Fleet) -> str | None:
     return f"{running:g} running, {waiting:g} waiting, +{gained:g} tokens in {PROGRESS_SECONDS:g} s"
 
 
-def placement_cause(fleet: Fleet) -> str | None:
-    """Which node keeps Ray from placing vLLM's workers, from every node's GPU slots."""
-    slots = fleet.gpu_slots()
-    short = diagnose.placement_shortfall(fleet.cluster, slots) if slots is not None else []
+def placement_cause(
+    cluster: Cluster, slots: Mapping[str, Mapping[str, float]] | None
+) -> str | None:
+    """Which node keeps Ray from placing vLLM's workers, from every node's GPU slots
+    (Fleet.gpu_slots)."""
+    short = diagnose.placement_shortfall(cluster, slots) if slots is not None else []
     if not short:
         return None
     return f"Ray cannot place vLLM's workers: {'; '.join(short)} (vLLM would wait 1800 s)"

@@ -17,7 +17,8 @@ def alive_nodes(address: str) -> dict[str, float]:
 
 
 def gpu_slots(address: str) -> dict[str, dict[str, float]]:
-    """IP -> {"gpus": total, "free": available} of every alive node, from the GCS (no driver)."""
+    """IP -> {"gpus": total, "free": available, "placed": in placement groups already made} of
+    every alive node, from the GCS (no driver)."""
     from ray._private.state import GlobalState
     from ray._raylet import GcsClient, GcsClientOptions
 
@@ -28,10 +29,16 @@ def gpu_slots(address: str) -> dict[str, dict[str, float]]:
     )
     state._initialize_global_state(options)
     free: dict[str, Any] = state.available_resources_per_node()
+    placed: dict[str, float] = {}  # node ID -> GPU slots its made placement groups hold there
+    for group in state.placement_group_table().values():
+        if group["state"] == "CREATED":
+            for index, node in group["bundles_to_node_id"].items():
+                placed[node] = placed.get(node, 0) + group["bundles"][index].get("GPU", 0)
     return {
         n.node_manager_address: {
             "gpus": n.resources_total.get("GPU", 0),
             "free": free.get(node_id.hex(), {}).get("GPU", 0),
+            "placed": placed.get(node_id.hex(), 0),
         }
         for node_id, n in nodes.items()
         if n.state == 0

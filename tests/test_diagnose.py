@@ -99,3 +99,13 @@ def test_the_placement_shortfall_names_each_node_that_lacks_slots() -> None:
     assert diagnose.placement_shortfall(cluster, elsewhere) == [
         "spark-2 is not alive in Ray at 192.168.200.13 (alive: 192.168.200.12, 198.51.100.2)"
     ]
+
+
+def test_a_group_made_after_vllm_said_it_waits_is_a_slow_placement_not_a_stuck_one() -> None:
+    cluster = config.load(CASES / "sample.yaml")  # TP 2 over two nodes of one GPU each
+    made = {ip: {"gpus": 1, "free": 0, "placed": 1} for ip in ("192.168.200.12", "192.168.200.13")}
+    assert diagnose.group_placed(cluster, made)
+    # Held by an actor of another job, not by a placement group: still a stuck placement.
+    held = {**made, "192.168.200.13": {"gpus": 1, "free": 0, "placed": 0}}
+    assert not diagnose.group_placed(cluster, held)
+    assert not diagnose.group_placed(cluster, {"192.168.200.12": {"gpus": 1, "free": 1}})
