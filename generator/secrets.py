@@ -1,20 +1,24 @@
 """Secret files: found (or, for the API key, made) beside the config, then written onto each node
 over its context, so a remote engine finds them on its own side.
 
-The contents travel only as a file copied into a container (`docker cp`), into a file of mode 0600
-in a folder of mode 0700 on the node (stack.SECRETS_DIR); never as an argument, an environment
-variable or a log line.
+The contents travel only as a tar archive on a short-lived container's standard input, into a file
+of mode 0600 in a folder of mode 0700 on the node (stack.SECRETS_DIR); never as an argument, an
+environment variable or a log line.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import secrets as random_secrets
 import subprocess
+import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from python_on_whales import DockerClient, DockerException
+from python_on_whales.utils import run
 
 from generator.config import Cluster
 from generator.errors import DockerError, VllmComposeError
@@ -115,35 +119,44 @@ def ignore(paths: list[Path]) -> Path | None:
 def push(
     docker: DockerClient, node: str, cluster: str, image: str, files: dict[str, Path]
 ) -> dict[str, float]:
-    """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700): the files
-    are copied into a short-lived container that mounts the node's folder (`docker cp`, like a
-    file, never an argument), which then moves them into place under their names; a file whose
-    contents are already there is left as it was. Returns each secret's time of last change on
-    the node (its mtime, node clock): a container started before it has the old one."""
+    """Write each secret onto the node at stack.secret_path (mode 0600, folder 0700): one
+    short-lived container that mounts the node's folder reads the files as a tar archive on its
+    standard input (like `docker cp`: never an argument), then moves them into place under their
+    names; a file whose contents are already there is left as it was. One Docker call per node.
+    Returns each secret's time of last change on the node (its mtime, node clock): a container
+    started before it has the old one."""
     if not files:
         return {}
     # A temporary name of its own per file: two writers of one folder (nodes sharing a
     # filesystem) never rename each other's file.
     partial = {name: f".{SECRET_NAMES[name]}.{random_secrets.token_hex(8)}" for name in files}
-    script = f"chmod 700 /s && chmod 600 {' '.join(f'/s/{t}' for t in partial.values())}"
+    script = "tar -x -C /s && chmod 700 /s"
     for name in files:
         new, old = f"/s/{partial[name]}", f"/s/{SECRET_NAMES[name]}"
         # Only the name and a time are printed, never the contents. Without cmp: changed.
         script += f" && {{ if [ -e {old} ] && cmp -s {new} {old}; then rm -f {new};"
         script += f" else mv {new} {old} && touch {old}; fi; }}"
         script += f' && echo "changed:{name}:$(stat -c %Y {old})"'
+    archive = _archive({partial[name]: path.read_bytes() for name, path in files.items()})
     folder = f"{SECRETS_DIR}/{cluster}"
+    writer = ["run", "--rm", "-i", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
     try:
-        writer = docker.container.create(
-            image, ["-c", script], entrypoint="sh", volumes=[(folder, "/s")], pull="never"
+        said = run(
+            [*docker.client_config.docker_cmd, *writer, "-v", f"{folder}:/s", image, "-c", script],
+            input=archive,
         )
-        try:
-            for name, path in files.items():
-                docker.copy(path, (writer, f"/s/{partial[name]}"))
-            said = str(docker.container.start(writer, attach=True) or "")
-        finally:
-            docker.container.remove(writer, force=True)
     except DockerException as e:
         raise DockerError.wrap(node, f"writing the {', '.join(files)} file failed", e) from None
-    stamps = [line.split(":") for line in said.split() if line.startswith("changed:")]
+    stamps = [line.split(":") for line in str(said).split() if line.startswith("changed:")]
     return {name: float(when) for _, name, when in stamps}
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    """A tar archive of the files, each of mode 0600 and owned by root."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            entry = tarfile.TarInfo(name)
+            entry.size, entry.mode, entry.mtime = len(data), 0o600, int(time.time())
+            tar.addfile(entry, io.BytesIO(data))
+    return out.getvalue()

@@ -1,7 +1,10 @@
-"""The secret files beside a config: which are generated, how, and what is refused."""
+"""The secret files beside a config: which are generated, how, and what is refused; the archive
+that carries them onto a node."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,13 @@ def test_generated_files_git_would_commit_are_added_to_the_gitignore_beside_them
     assert secrets.ignore(generated) == tmp_path / ".gitignore"
     assert (tmp_path / ".gitignore").read_text() == "c.api-key\nc.ray-token\n"
     assert secrets.unignored(generated) == []
+
+
+def test_the_archive_a_node_reads_its_secrets_from_holds_each_file_0600_owned_by_root() -> None:
+    archive = secrets._archive({".api-key.1f": b"key\n", ".ray-token.2e": b"token"})
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        entries = {m.name: (m.mode, m.uid, m.gid, tar.extractfile(m).read()) for m in tar}  # type: ignore[union-attr]
+    assert entries == {
+        ".api-key.1f": (0o600, 0, 0, b"key\n"),
+        ".ray-token.2e": (0o600, 0, 0, b"token"),
+    }
