@@ -71,8 +71,9 @@ def guard(line: str) -> Guard | None:
 
 
 def group_placed(cluster: Cluster, slots: Mapping[str, Mapping[str, float]]) -> bool:
-    """Do made placement groups hold every GPU slot vLLM asks for (TP x PP)? Then its group was
-    made after it said it waits: a slow placement (raylets short of CPU), not a stuck one."""
+    """Do placement groups, made or reserved on their nodes, hold every GPU slot vLLM asks for
+    (TP x PP)? Then its group was placed after it said it waits: a slow placement (raylets short
+    of CPU), not a stuck one."""
     wanted = cluster.tensor_parallel_size * cluster.vllm.pipeline_parallel_size
     return sum(seen.get("placed", 0) for seen in slots.values()) >= wanted
 

@@ -17,7 +17,7 @@ def alive_nodes(address: str) -> dict[str, float]:
 
 
 def gpu_slots(address: str) -> dict[str, dict[str, float]]:
-    """IP -> {"gpus": total, "free": available, "placed": in placement groups already made} of
+    """IP -> {"gpus": total, "free": available, "placed": held by placement groups} of
     every alive node, from the GCS (no driver)."""
     from ray._private.state import GlobalState
     from ray._raylet import GcsClient, GcsClientOptions
@@ -29,9 +29,9 @@ def gpu_slots(address: str) -> dict[str, dict[str, float]]:
     )
     state._initialize_global_state(options)
     free: dict[str, Any] = state.available_resources_per_node()
-    placed: dict[str, float] = {}  # node ID -> GPU slots its made placement groups hold there
+    placed: dict[str, float] = {}  # node ID -> GPU slots placement groups hold there
     for group in state.placement_group_table().values():
-        if group["state"] == "CREATED":
+        if group["state"] in ("PREPARED", "CREATED"):  # reserved on its nodes, or made
             for index, node in group["bundles_to_node_id"].items():
                 placed[node] = placed.get(node, 0) + group["bundles"][index].get("GPU", 0)
     return {
