@@ -66,12 +66,14 @@ class Deployment:
     def stage(self, result: Result, checks: bool = True) -> None:
         """Everything before a start, none of which touches a running group: contexts, the
         image on every node, the secrets, preflight."""
-        fleet = self.fleet
-        self._phase(result, "contexts", lambda: fleet.contexts_answer(self.timeouts.contexts))
-        # One look at the clusters on the nodes (opening the config's, when it took one), for
-        # the name, the secrets and preflight; a later stage (watch's recreate) looks afresh.
-        seen = self.seen if self.seen is not None else survey.of(fleet.cluster, stopped=True)
-        self.seen = None
+        fleet, seen, self.seen = self.fleet, self.seen, None
+        # The engines the look opening the config took reached are not asked again; that look
+        # (or one taken now) serves the name, the secrets and preflight. A later stage (watch's
+        # recreate) looks afresh.
+        reached, timeout = set(seen or ()), self.timeouts.contexts
+        self._phase(result, "contexts", lambda: fleet.contexts_answer(timeout, reached))
+        if seen is None or len(seen) < len(fleet.cluster.nodes):  # none taken, or one missed
+            seen = survey.of(fleet.cluster, stopped=True)
         theirs, ours = claims.split(seen, fleet.cluster.name, fleet.source)
         refuse_same_name(fleet, theirs)  # before the secrets: they would replace that cluster's
         others = {node: [c for c in on if claims.live(c)] for node, on in theirs.items()}

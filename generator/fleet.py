@@ -12,7 +12,7 @@ import contextlib
 import json
 import queue
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,10 @@ class Fleet:
 
     # Reaching the nodes
 
-    def contexts_answer(self, timeout: float = 30) -> None:
+    def contexts_answer(self, timeout: float = 30, reached: Iterable[str] = ()) -> None:
+        """Every node's engine answers over its context; those `reached` just now are not asked
+        again."""
+
         def probe(node: Node) -> Callable[[], None]:
             def run() -> None:
                 try:
@@ -82,7 +85,8 @@ class Fleet:
 
             return run
 
-        parallel("contexts", {n.name: probe(n) for n in self.cluster.nodes}, timeout, self.report)
+        asked = [n for n in self.cluster.nodes if n.name not in set(reached)]
+        parallel("contexts", {n.name: probe(n) for n in asked}, timeout, self.report)
 
     def images(self, nodes: list[Node] | None = None) -> dict[str, str]:
         """The wrapper image on every node (or those given): node -> what it took."""

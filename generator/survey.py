@@ -31,11 +31,13 @@ def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, st
 def on_nodes(contexts: dict[str, str], stopped: bool = False) -> Seen:
     """node -> context given: node -> cluster -> claim, the clusters running on each node (with
     `stopped`, those whose containers are all stopped too). Every node at once; one that does
-    not answer shows none (the command's own steps name it)."""
+    not answer is left out (the command's own steps name it)."""
     seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
-    found: dict[str, dict[str, claims.Claim]] = {}
-    for node, listed in seen.items():
-        found[node] = {} if isinstance(listed, BaseException) else claims.found({node: listed})
+    found = {
+        node: claims.found({node: listed})
+        for node, listed in seen.items()
+        if not isinstance(listed, BaseException)
+    }
     return found if stopped else running(found)
 
 
