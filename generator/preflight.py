@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from generator import checks, lock, ports, probes
+from generator import checks, claims, lock, ports, probes, survey
 from generator.checks import Facts
 from generator.claims import Claim
 from generator.config import Node
@@ -35,15 +35,16 @@ def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float
     secret files onto the nodes first: Compose creates no container whose secret is missing.
     `stamped`: the model files as verify last found them (generator/stamps.py)."""
     start = time.monotonic()
-    found = contexts(fleet)
-    alive = {c.node for c in found if c.status == "pass"}
-    live = [n for n in fleet.cluster.nodes if n.name in alive]
+    # One look at every node's running clusters: the neighbours, and whether its engine answers.
+    seen, unanswered = survey.look({n.name: n.docker_context for n in fleet.cluster.nodes})
+    found = contexts(fleet, unanswered)
+    live = [n for n in fleet.cluster.nodes if n.name in seen]
     if live:
         fleet.images(live)
         fleet.push_secrets(live)
     more, facts = gather(fleet, live)
     bases = fleet.image_ids(fleet.cluster.image, live)
-    others = fleet.neighbours(live)
+    others = claims.split(seen, fleet.cluster.name, fleet.source)[0]
     found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
     return found, time.monotonic() - start
 
@@ -76,17 +77,12 @@ def must_pass(
             raise DriftError(drift, lock_file)
 
 
-def contexts(fleet: Fleet) -> list[Check]:
-    def info(node: Node) -> Callable[[], object]:
-        return lambda: fleet.docker[node.name].system.info()
-
-    work = {n.name: info(n) for n in fleet.cluster.nodes}
-    answered = each(work, 30, fleet.report, "contexts")
+def contexts(fleet: Fleet, unanswered: dict[str, str]) -> list[Check]:
+    """A check per node: its context answers, or why not (`unanswered`: survey.look's)."""
     found = []
     for node in fleet.cluster.nodes:
-        outcome = answered[node.name]
-        if isinstance(outcome, BaseException):
-            cause = f"context '{node.docker_context}' does not answer: {reason(outcome)}"
+        if node.name in unanswered:
+            cause = f"context '{node.docker_context}' does not answer: {unanswered[node.name]}"
             hint = f"docker --context {node.docker_context} info"
             found.append(failed("context", node.name, cause, hint))
         else:

@@ -32,13 +32,19 @@ def on_nodes(contexts: dict[str, str], stopped: bool = False) -> Seen:
     """node -> context given: node -> cluster -> claim, the clusters running on each node (with
     `stopped`, those whose containers are all stopped too). Every node at once; one that does
     not answer is left out (the command's own steps name it)."""
+    return look(contexts, stopped)[0]
+
+
+def look(contexts: dict[str, str], stopped: bool = False) -> tuple[Seen, dict[str, str]]:
+    """`on_nodes`, and node -> why its engine did not answer."""
     seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
     found = {
         node: claims.found({node: listed})
         for node, listed in seen.items()
         if not isinstance(listed, BaseException)
     }
-    return found if stopped else running(found)
+    failed = {node: reason(v) for node, v in seen.items() if isinstance(v, BaseException)}
+    return found if stopped else running(found), failed
 
 
 def of(cluster: Cluster, stopped: bool = False) -> Seen:
