@@ -59,11 +59,11 @@ def running(seen: Seen) -> Seen:
 
 def volumes(cluster: Cluster) -> dict[str, set[str]]:
     """node -> the cluster's Compose volumes there (none where the node does not answer)."""
-    label = {"label": f"com.docker.compose.project={cluster.name}"}
+    label = f"com.docker.compose.project={cluster.name}"
 
     def listed(context: str) -> Callable[[], set[str]]:
         docker = DockerClient(context=context)
-        return lambda: {v.name for v in docker.volume.list(label)}
+        return lambda: {v.name for v in docker.volume.list([("label", label)])}
 
     seen = each({n.name: listed(n.docker_context) for n in cluster.nodes}, TIMEOUT)
     return {n: set() if isinstance(v, BaseException) else v for n, v in seen.items()}
@@ -71,4 +71,4 @@ def volumes(cluster: Cluster) -> dict[str, set[str]]:
 
 def _look(context: str) -> Callable[[], list[Container]]:
     docker = DockerClient(context=context)
-    return lambda: docker.container.list(all=True, filters={"label": claims.CLUSTER})
+    return lambda: docker.container.list(all=True, filters=[("label", claims.CLUSTER)])
