@@ -9,7 +9,7 @@ from python_on_whales import Container, DockerClient
 
 from generator import claims
 from generator.errors import reason
-from generator.fanout import each
+from generator.fanout import Report, each
 
 if TYPE_CHECKING:
     from generator.config import Cluster
@@ -35,9 +35,12 @@ def on_nodes(contexts: dict[str, str], stopped: bool = False) -> Seen:
     return look(contexts, stopped)[0]
 
 
-def look(contexts: dict[str, str], stopped: bool = False) -> tuple[Seen, dict[str, str]]:
-    """`on_nodes`, and node -> why its engine did not answer."""
-    seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT)
+def look(
+    contexts: dict[str, str], stopped: bool = False, report: Report | None = None
+) -> tuple[Seen, dict[str, str]]:
+    """`on_nodes`, and node -> why its engine did not answer. With `report`, says every few
+    seconds which nodes it still waits for."""
+    seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT, report, "contexts")
     found = {
         node: claims.found({node: listed})
         for node, listed in seen.items()
