@@ -85,7 +85,8 @@ class Fleet:
 
             return run
 
-        asked = [n for n in self.cluster.nodes if n.name not in set(reached)]
+        skip = set(reached)
+        asked = [n for n in self.cluster.nodes if n.name not in skip]
         parallel("contexts", {n.name: probe(n) for n in asked}, timeout, self.report)
 
     def images(self, nodes: list[Node] | None = None) -> dict[str, str]:
@@ -126,7 +127,7 @@ class Fleet:
     def neighbours(self, nodes: list[Node], stopped: bool = False) -> dict[str, list[claims.Claim]]:
         """node -> the other clusters running on it (with `stopped`, stopped ones too), as their
         containers' labels claim; ours from our own config file is not one (claims.foreign)."""
-        seen = survey.on_nodes({n.name: n.docker_context for n in nodes}, stopped)
+        seen = survey.on_nodes(nodes, stopped)
         return claims.split(seen, self.cluster.name, self.source)[0]
 
     def image_ids(self, ref: str, nodes: list[Node]) -> dict[str, str | None]:

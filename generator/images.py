@@ -50,7 +50,8 @@ def ensure(target: Target, tag: str, base: str) -> str:
             docker.image.pull(base, quiet=True)
         except DockerException:
             return "no-base"
-    _build(target, tag, base, docker.image.inspect(base).id if origin is None else origin[0])
+        origin = _found(docker, base) or ("", "")
+    _build(target, tag, base, origin[0])
     return "built"
 
 

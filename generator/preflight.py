@@ -36,8 +36,7 @@ def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float
     `stamped`: the model files as verify last found them (generator/stamps.py)."""
     start = time.monotonic()
     # One look at every node's running clusters: the neighbours, and whether its engine answers.
-    contexts_of = {n.name: n.docker_context for n in fleet.cluster.nodes}
-    seen, unanswered = survey.look(contexts_of, report=fleet.report)
+    seen, unanswered = survey.look(fleet.cluster.nodes, report=fleet.report)
     found = contexts(fleet, unanswered)
     live = [n for n in fleet.cluster.nodes if n.name in seen]
     if live:

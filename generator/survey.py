@@ -13,6 +13,7 @@ from generator.fanout import Report, each
 
 if TYPE_CHECKING:
     from generator.config import Cluster
+    from generator.sections import Node
 
 TIMEOUT = 30  # per context
 Seen = dict[str, dict[str, claims.Claim]]  # node -> cluster -> its claim there
@@ -22,37 +23,31 @@ def clusters(contexts: list[str]) -> tuple[dict[str, claims.Claim], dict[str, st
     """cluster -> its claim (nodes, services and their states), and context -> why it did not
     answer. Every context at once."""
 
-    seen = each({ctx: _look(ctx) for ctx in dict.fromkeys(contexts)}, TIMEOUT)
-    answered = {ctx: v for ctx, v in seen.items() if not isinstance(v, BaseException)}
-    failed = {ctx: reason(v) for ctx, v in seen.items() if isinstance(v, BaseException)}
+    answered, failed = _split(each({ctx: _look(ctx) for ctx in dict.fromkeys(contexts)}, TIMEOUT))
     return claims.found(answered), failed
 
 
-def on_nodes(contexts: dict[str, str], stopped: bool = False) -> Seen:
-    """node -> context given: node -> cluster -> claim, the clusters running on each node (with
-    `stopped`, those whose containers are all stopped too). Every node at once; one that does
-    not answer is left out (the command's own steps name it)."""
-    return look(contexts, stopped)[0]
+def on_nodes(nodes: list[Node], stopped: bool = False) -> Seen:
+    """node -> cluster -> claim, the clusters running on each node (with `stopped`, those whose
+    containers are all stopped too). Every node at once; one that does not answer is left out
+    (the command's own steps name it)."""
+    return look(nodes, stopped)[0]
 
 
 def look(
-    contexts: dict[str, str], stopped: bool = False, report: Report | None = None
+    nodes: list[Node], stopped: bool = False, report: Report | None = None
 ) -> tuple[Seen, dict[str, str]]:
     """`on_nodes`, and node -> why its engine did not answer. With `report`, says every few
     seconds which nodes it still waits for."""
-    seen = each({node: _look(ctx) for node, ctx in contexts.items()}, TIMEOUT, report, "contexts")
-    found = {
-        node: claims.found({node: listed})
-        for node, listed in seen.items()
-        if not isinstance(listed, BaseException)
-    }
-    failed = {node: reason(v) for node, v in seen.items() if isinstance(v, BaseException)}
+    work = {n.name: _look(n.docker_context) for n in nodes}
+    answered, failed = _split(each(work, TIMEOUT, report, "contexts"))
+    found = {node: claims.found({node: listed}) for node, listed in answered.items()}
     return found if stopped else running(found), failed
 
 
 def of(cluster: Cluster, stopped: bool = False) -> Seen:
     """`on_nodes` for the cluster's nodes."""
-    return on_nodes({n.name: n.docker_context for n in cluster.nodes}, stopped)
+    return on_nodes(cluster.nodes, stopped)
 
 
 def running(seen: Seen) -> Seen:
@@ -70,6 +65,15 @@ def volumes(cluster: Cluster) -> dict[str, set[str]]:
 
     seen = each({n.name: listed(n.docker_context) for n in cluster.nodes}, TIMEOUT)
     return {n: set() if isinstance(v, BaseException) else v for n, v in seen.items()}
+
+
+def _split(
+    seen: dict[str, list[Container] | BaseException],
+) -> tuple[dict[str, list[Container]], dict[str, str]]:
+    """Each key's containers where its engine answered; why not where it did not."""
+    answered = {k: v for k, v in seen.items() if not isinstance(v, BaseException)}
+    failed = {k: reason(v) for k, v in seen.items() if isinstance(v, BaseException)}
+    return answered, failed
 
 
 def _look(context: str) -> Callable[[], list[Container]]:

@@ -134,8 +134,8 @@ def opened(
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
         logs, stamped = path.with_name(f"{path.stem}.logs"), stamps.read(path, cluster.model.path)
+        waits = timeouts or Timeouts()
         deployment = Deployment(
-            fleet, locked, lock.path_for(path), update_lock, logs, stamped, timeouts or Timeouts()
+            fleet, locked, lock.path_for(path), update_lock, logs, stamped, waits, seen
         )
-        deployment.seen = seen  # its first stage's look at the nodes' clusters
         yield Opened(cluster, locked, found, rendered, deployment, text)
