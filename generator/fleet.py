@@ -20,7 +20,7 @@ from typing import Any
 from python_on_whales import Container, DockerClient, DockerException, Image, Volume
 from python_on_whales.components.container.models import ContainerState
 
-from generator import claims, images, probes, secrets, survey
+from generator import claims, clients, images, probes, secrets, survey
 from generator.config import Cluster, Node
 from generator.errors import DockerError, reason
 from generator.fanout import Report, each, parallel, pump
@@ -36,11 +36,9 @@ SUPERVISOR_LINES = 200  # of a log searched for the supervisor's last line
 def client(cluster: Cluster, node: Node, outdir: Path) -> DockerClient:
     """The node's engine over its context; Compose reads contexts.env, which points the stack's
     secrets at the files `up` writes on the node."""
-    return DockerClient(
-        context=node.docker_context,
-        compose_files=[outdir / node.name / "compose.yaml"],
-        compose_env_files=[outdir / node.name / "contexts.env"],
-        compose_project_name=cluster.name,
+    folder = outdir / node.name
+    return clients.client(
+        node.docker_context, [folder / "compose.yaml"], [folder / "contexts.env"], cluster.name
     )
 
 
