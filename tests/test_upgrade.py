@@ -5,14 +5,12 @@ answers; a good upgrade serves, and `rollback` goes back to the stack before it.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from python_on_whales import DockerClient
 
-from tests.support import clusters, images
+from tests.support import clusters, derived, images
 from tests.support.clusters import Pair, cli
 from tests.support.testbed import Node, Testbed
 from tests.test_e2e import config
@@ -30,17 +28,12 @@ def pair(vllm_testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Testbed, Path]
 
 
 def broken_image(bed: Testbed, base: str) -> str:
-    """The test vLLM image with a `vllm` that exits at start the way a bad build does."""
-    with tempfile.TemporaryDirectory() as context:
-        script = Path(context) / "vllm"
-        script.write_text(
-            "#!/bin/sh\necho 'RuntimeError: this vLLM build cannot start on this node' >&2\n"
-            "exit 1\n"
-        )
-        script.chmod(0o755)
-        (Path(context) / "Dockerfile").write_text(f"FROM {base}\nCOPY vllm /usr/local/bin/vllm\n")
-        DockerClient().legacy_build(context, tags=[BROKEN])
-    bed.load_image(BROKEN, nodes=bed.nodes[:2])
+    """The test vLLM image with a `vllm` that exits at start the way a bad build does: one layer
+    over the base, which the nodes hold already (tests/support/derived.py)."""
+    script = (
+        b"#!/bin/sh\necho 'RuntimeError: this vLLM build cannot start on this node' >&2\nexit 1\n"
+    )
+    derived.load(base, BROKEN, {"usr/local/bin/vllm": (script, 0o755)}, bed.nodes[:2])
     return BROKEN
 
 
