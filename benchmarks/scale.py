@@ -1,5 +1,6 @@
 """Scale: `up` on 2, 4 and 8 emulated nodes, preflight on 8, the controller's memory during the
-8-node `up`, and an image sent to 7 nodes against the same image sent to 1, all in one run.
+8-node `up`, an image sent to 7 nodes against the same image sent to 1, and one Compose call
+started through `docker` against Compose started as its own binary, all in one run.
 
     python -m benchmarks.scale [--nodes 8]
 
@@ -23,6 +24,8 @@ import contextlib
 import json
 import os
 import re
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from generator import clients
 from generator import images as distribution
 from tests.support import clusters, images
 from tests.support.testbed import Node, Testbed, borrowed
@@ -137,6 +141,34 @@ def by_hand(path: Path, nodes: list[Node]) -> float:
     raise SystemExit(f"{path.stem} did not answer in 300 s when started by hand")
 
 
+def compose_call(node: Node, folder: Path, runs: int = 10) -> dict[str, tuple[float, float, int]]:
+    """One Compose call on a node, started through `docker` and as Compose's own binary
+    (generator/clients.py), alternately: per way, the median seconds and the mean CPU seconds of
+    a `compose ps`, and the bytes resident (RSS summed) in a `compose events` after a second."""
+    binary = clients.compose_binary()
+    if binary is None:
+        raise SystemExit("no Compose plugin file found where the docker CLI looks")
+    flags = ["--context", node.context, "-f", "compose.yaml"]
+    ways = {"through docker": ["docker", *flags, "compose"], "direct": [binary, *flags]}
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    cpu = dict.fromkeys(ways, 0.0)
+    for _ in range(runs):
+        for way, command in ways.items():
+            before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+            subprocess.run([*command, "ps"], cwd=folder, check=True, capture_output=True)
+            seconds[way].append(time.monotonic() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[way] += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    resident = {}
+    for way, command in ways.items():
+        events = subprocess.Popen([*command, "events"], cwd=folder, stdout=subprocess.DEVNULL)
+        time.sleep(1)
+        resident[way] = tree_memory(events.pid)[0]
+        events.terminate()
+        events.wait()
+    return {w: (statistics.median(seconds[w]), cpu[w] / runs, resident[w]) for w in ways}
+
+
 def busy() -> float:
     """CPU seconds this machine has spent busy since boot, all cores (/proc/stat)."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
@@ -178,6 +210,7 @@ def main() -> None:
             ups[n] = up_time(bed.nodes[:n], image)
             took, phases, _, floor = ups[n]
             print(f"up on {n} nodes: {took:.1f} s ({phases}); by hand {floor:.1f} s", flush=True)
+        calls = compose_call(bed.nodes[0], WORK / "compose" / f"scale{largest}" / bed.nodes[0].name)
         (one, one_cpu), (many, many_cpu) = fan_out(bed, image, 1), fan_out(bed, image, largest - 1)
         print(f"image to 1 node: {one:.1f} s; to {largest - 1}: {many:.1f} s", flush=True)
     print()
@@ -205,6 +238,9 @@ def main() -> None:
     memory = f"{rss / 2**20:.0f} MiB RSS summed, {pss / 2**20:.0f} MiB PSS"
     memory += f" (at the RSS peak: {programs})"
     print(f"| controller and its CLIs, up on {largest} | {memory} | <= 200 MB |")
+    for way, (took, cpu, rss) in calls.items():
+        said = f"{took:.2f} s, {cpu:.2f} CPU s, {rss / 2**20:.0f} MiB RSS"
+        print(f"| a Compose call {way} | {said} | |")
     for n in sizes:
         print(f"phases of up on {n}: {ups[n][1]}")
 
