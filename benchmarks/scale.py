@@ -148,8 +148,11 @@ def compose_call(node: Node, folder: Path, runs: int = 10) -> dict[str, tuple[fl
     binary = clients.compose_binary()
     if binary is None:
         raise SystemExit("no Compose plugin file found where the docker CLI looks")
-    flags = ["--context", node.context, "-f", "compose.yaml"]
-    ways = {"through docker": ["docker", *flags, "compose"], "direct": [binary, *flags]}
+    context, file = ["--context", node.context], ["-f", "compose.yaml"]
+    ways = {
+        "through docker": ["docker", *context, "compose", *file],
+        "direct": [binary, *context, *file],
+    }
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     cpu = dict.fromkeys(ways, 0.0)
     for _ in range(runs):
