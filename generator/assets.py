@@ -14,6 +14,7 @@ IMAGE_FILES = (
     "image/entrypoint.sh",
     "image/health.py",
     "image/facts.py",
+    "image/gpus.py",
     "image/group.py",
     "image/raychecks.py",
     "image/transfer.py",

@@ -9,9 +9,10 @@ from dataclasses import asdict
 
 from pydantic import BaseModel
 
-from generator import stamps
+from generator import hardware, stamps
 from generator.claims import Claim, clashes
 from generator.config import MEMORY_MONITOR, Cluster, Node
+from generator.hardware import Gpu, Hardware
 from generator.manifest import differences
 from generator.stamps import Recorded
 from generator.verdict import Check, failed, passed, skipped
@@ -48,6 +49,13 @@ class Facts(BaseModel):
     api_port_free: bool | None
     rdma: dict[str, str]
     gpus: int | None
+    devices: list[Gpu] | None = None  # image/gpus.py: temperature, power, clock reasons, memory
+    gpu_error: str | None = None
+    memory: dict[str, int] | None = None  # the node's /proc/meminfo, in bytes
+
+    @property
+    def hardware(self) -> Hardware:
+        return Hardware(devices=self.devices, gpu_error=self.gpu_error, memory=self.memory)
 
 
 def evaluate(
@@ -78,7 +86,7 @@ def evaluate(
     checks += [_neighbours(cluster, n, others.get(n.name, []), facts[n.name]) for n in nodes]
     checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
     checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
-    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name])]
+    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name], serving)]
     if head is not None:
         checks.append(_api_port(cluster, head, serving))
     return checks
@@ -237,33 +245,8 @@ def _memory_monitor(c: Cluster, node: Node, f: Facts) -> Check:
     return passed("mem-monitor", node.name, f"{MEMORY_MONITOR}=0")
 
 
-def _hardware(c: Cluster, node: Node, f: Facts) -> list[Check]:
-    if c.accelerator != "nvidia":
-        why = "accelerator none: no GPUs or RDMA expected"
-        return [skipped("rdma", node.name, why), skipped("gpus", node.name, why)]
-    checks = []
-    if not f.rdma and c.settings.devices:
-        cause = f"profile {c.profile} needs RDMA and the node has no RDMA device"
-        hint = "ibdev2netdev on the node (the ConnectX driver), or profile: generic for TCP"
-        checks.append(failed("rdma", node.name, cause, hint))
-    elif not f.rdma:
-        checks.append(skipped("rdma", node.name, "no RDMA devices: NCCL uses TCP sockets"))
-    else:
-        down = sorted(p for p, state in f.rdma.items() if state != "ACTIVE")
-        if down:
-            cause = f"RDMA ports not active: {', '.join(down)}"
-            checks.append(failed("rdma", node.name, cause, "check the cable and ibdev2netdev"))
-        else:
-            checks.append(passed("rdma", node.name, f"{len(f.rdma)} RDMA ports active"))
-    if f.gpus is None:
-        cause, hint = "no nvidia-smi in the container", "the NVIDIA container runtime"
-        checks.append(failed("gpus", node.name, cause, hint))
-    elif f.gpus < node.gpus:
-        cause = f"{f.gpus} GPUs visible, {node.gpus} configured"
-        checks.append(failed("gpus", node.name, cause, "nvidia-smi on the node"))
-    else:
-        checks.append(passed("gpus", node.name, f"{f.gpus} GPUs visible"))
-    return checks
+def _hardware(c: Cluster, node: Node, f: Facts, serving: bool) -> list[Check]:
+    return hardware.checks(c, node, f.rdma, f.gpus, f.hardware, serving)
 
 
 def _versions(nodes: list[Node], facts: dict[str, Facts]) -> Check:

@@ -86,6 +86,13 @@ class Cluster(Strict):
     canary: Canary = Field(
         default_factory=Canary, description="What `upgrade` asks of the new group before it stays."
     )
+    gpu_temperature_limit: int = Field(
+        default=90,
+        ge=40,
+        le=110,
+        description="°C. Preflight fails a GPU at or over it (or throttled for heat); `watch` "
+        "holds a restart while a node's GPU is over it.",
+    )
     env: dict[
         Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192), TEXT]
     ] = Field(default_factory=dict, max_length=256, description="Environment added on every node.")

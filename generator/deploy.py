@@ -22,6 +22,7 @@ from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
 from generator.fleet import DOWN_TIMEOUT, Fleet
+from generator.hardware import Reading
 from generator.stamps import Stamps
 
 START_TIMEOUT = 150  # creating and starting a service's container with Compose
@@ -215,6 +216,9 @@ class Deployment:
 
     def problems(self, deadline: float) -> list[str]:
         return observe.problems(self.fleet, deadline)
+
+    def heat(self) -> dict[str, Reading]:
+        return observe.heat(self.fleet)
 
     def down(self) -> dict[str, str]:
         """watch giving up: the logs saved first, the containers removed, the volumes kept (the

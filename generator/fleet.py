@@ -155,20 +155,22 @@ class Fleet:
             raise DockerError.wrap(node.name, f"{args[0]} failed", e) from None
         return json.loads(str(out))
 
+    def one_off(self, node: Node, probe: list[str], **options: Any) -> Any:
+        """A probe in a one-off container of the wrapper image itself (not of the stack, as
+        `health` runs), with python-on-whales's `run` options; its JSON output."""
+        try:
+            out = self.docker[node.name].run(
+                self.wrapper, probe[1:], entrypoint=probes.HEALTH, remove=True, **options
+            )
+        except DockerException as e:
+            raise DockerError.wrap(node.name, f"{probe[1]} failed", e) from None
+        return json.loads(str(out))
+
     def manifest(self, node: Node) -> dict[str, Any]:
         """The model's manifest on a node: every file's size and sha256 (symlinks followed)."""
         mount = model_mount(self.cluster.model.path)
-        try:
-            out = self.docker[node.name].run(
-                self.wrapper,
-                probes.manifest(self.cluster.model.path)[1:],
-                entrypoint=probes.HEALTH,
-                remove=True,
-                volumes=[(mount, mount, "ro")],
-            )
-        except DockerException as e:
-            raise DockerError.wrap(node.name, "manifest failed", e) from None
-        return dict(json.loads(str(out)))
+        probe = probes.manifest(self.cluster.model.path)
+        return dict(self.one_off(node, probe, volumes=[(mount, mount, "ro")]))
 
     # The running stack
 

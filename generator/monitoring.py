@@ -20,6 +20,24 @@ PROMETHEUS_DATA = "prometheus-data"
 PROMETHEUS_FILE = "/etc/prometheus/prometheus.yml"
 # Compose mounts a service's secrets at /run/secrets/<name>.
 API_KEY_FILE = "/run/secrets/api_key"
+DCGM_COUNTERS = "dcgm-counters"
+DCGM_COUNTERS_FILE = "/etc/dcgm-exporter/vllm-compose.csv"
+# The exporter's default fields that tell heat, power and throttling, and its two throttle
+# counters it leaves off by default (time spent slowed for power and for heat). Every name is one
+# of its own default file's: the exporter refuses a name it does not know. No framebuffer fields:
+# a unified-memory GPU (GB10) has none; the node exporter's node_memory_* are its memory.
+DCGM_FIELDS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power (in us)."),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to heat (in us)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB; none on unified memory)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB; none on unified memory)."),
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +78,9 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
             Sidecar(
                 "dcgm-exporter",
                 m.dcgm_exporter_image,
-                ["-a", f"{ip}:{m.dcgm_port}"],
+                ["-a", f"{ip}:{m.dcgm_port}", "-f", DCGM_COUNTERS_FILE],
                 all_gpus=True,  # no SYS_ADMIN: DCGM's profiling (DCP) metrics stay off
+                configs=[(DCGM_COUNTERS, DCGM_COUNTERS_FILE)],
             )
         )
     if stack.is_head:
@@ -85,6 +104,11 @@ def _prometheus(m: Metrics, listen: str) -> Sidecar:
         secrets=["api_key"],
         configs=[(PROMETHEUS_CONFIG, PROMETHEUS_FILE)],
     )
+
+
+def dcgm_counters() -> str:
+    """The DCGM exporter's fields (its CSV: field, Prometheus type, help)."""
+    return "".join(f"{name}, {kind}, {words}\n" for name, kind, words in DCGM_FIELDS)
 
 
 def prometheus_config(c: Cluster) -> str:

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterator
+from functools import partial
 
 from pydantic import BaseModel
 from python_on_whales import DockerException
 from python_on_whales.components.container.models import ContainerState
 
-from generator import readiness
+from generator import hardware, probes, readiness
 from generator.config import Node
 from generator.errors import reason
 from generator.fanout import each, pump
 from generator.fleet import Fleet
+from generator.hardware import Hardware
 
 STATE_TIMEOUT = 30  # per node: an engine that does not list its containers by then is down
+GPU_TIMEOUT = 10  # per node: a node that vanished must not hold up a recovery
 
 
 class ServiceRow(BaseModel):
@@ -149,3 +152,26 @@ def _service_problems(fleet: Fleet) -> tuple[list[str], list[Node]]:
                 s = state[service.name]
                 found.append(f"{node.name}: {service.name} {s.status} (exit {s.exit_code})")
     return found, lost
+
+
+def gpus(fleet: Fleet, node: Node) -> Hardware | None:
+    """The node's GPUs and memory, as its first service's container sees them; None when it
+    cannot say (not running, or its engine does not answer)."""
+    service = fleet.stacks[node.name].services[0].name
+    try:
+        return Hardware.model_validate_json(fleet.execute(node, service, probes.gpus()))
+    except (DockerException, ValueError):
+        return None
+
+
+def heat(fleet: Fleet) -> dict[str, hardware.Reading]:
+    """node -> its GPUs' heat, for the nodes that answered in time; {} without GPUs."""
+    c = fleet.cluster
+    if c.accelerator != "nvidia":
+        return {}
+    seen = each({n.name: partial(gpus, fleet, n) for n in c.nodes}, GPU_TIMEOUT)
+    return {
+        name: hardware.reading(found, c.gpu_temperature_limit)
+        for name, found in seen.items()
+        if isinstance(found, Hardware)
+    }

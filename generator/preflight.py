@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from generator import checks, claims, lock, ports, probes, survey
 from generator.checks import Facts
@@ -30,10 +32,13 @@ REACH_PORTS = (20000, 29000)
 PORT_TRIES = 3
 
 
-def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float]:
+def run(
+    fleet: Fleet, stamped: Stamps | None = None, drop_caches: bool = False
+) -> tuple[list[Check], float]:
     """Every check, on every node whose context answers; and how long they took. Writes the
     secret files onto the nodes first: Compose creates no container whose secret is missing.
-    `stamped`: the model files as verify last found them (generator/stamps.py)."""
+    `stamped`: the model files as verify last found them (generator/stamps.py). `drop_caches`:
+    each node's page cache dropped first (asked for only: it slows every read after it)."""
     start = time.monotonic()
     # One look at every node's running clusters: the neighbours, and whether its engine answers.
     seen, unanswered = survey.look(fleet.cluster.nodes, report=fleet.report)
@@ -42,6 +47,8 @@ def run(fleet: Fleet, stamped: Stamps | None = None) -> tuple[list[Check], float
     if live:
         fleet.images(live)
         fleet.push_secrets(live)
+    if drop_caches and live:
+        found += dropped(fleet, live)
     more, facts = gather(fleet, live)
     bases = fleet.image_ids(fleet.cluster.image, live)
     others = claims.split(seen, fleet.cluster.name, fleet.source)[0]
@@ -75,6 +82,26 @@ def must_pass(
         ]
         if drift:
             raise DriftError(drift, lock_file)
+
+
+def dropped(fleet: Fleet, live: list[Node]) -> list[Check]:
+    """A check per node: its page cache dropped, and how much memory that freed."""
+    # Privileged: a container's /proc/sys is read-only otherwise. No network: it needs none.
+    options = {"privileged": True, "networks": ["none"]}
+    work: dict[str, Callable[[], Any]]
+    work = {n.name: partial(fleet.one_off, n, probes.drop_caches(), **options) for n in live}
+    found = []
+    for node, outcome in each(work, RUN_TIMEOUT, fleet.report, "drop-caches").items():
+        if isinstance(outcome, BaseException):
+            cause = f"the page cache was not dropped: {reason(outcome)}"
+            hint = "sync; echo 3 > /proc/sys/vm/drop_caches as root on the node"
+            found.append(failed("drop-caches", node, cause, hint))
+            continue
+        before, after = outcome.get("before") or {}, outcome.get("after") or {}
+        freed = (after.get("MemFree", 0) - before.get("MemFree", 0)) / 2**30
+        what = f"page cache dropped: {freed:.1f} GiB freed, {after.get('MemFree', 0) / 2**30:.1f}"
+        found.append(passed("drop-caches", node, f"{what} GiB free"))
+    return found
 
 
 def contexts(fleet: Fleet, unanswered: dict[str, str]) -> list[Check]:

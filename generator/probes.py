@@ -88,3 +88,13 @@ def send(root: str, listen: str) -> list[str]:
 
 def receive(root: str, source: str, manifest_file: str) -> list[str]:
     return [HEALTH, "receive", "--root", root, "--source", source, "--manifest", manifest_file]
+
+
+def gpus() -> list[str]:
+    """The GPUs (temperature, power, clock reasons, memory) and the node's memory, as JSON."""
+    return [HEALTH, "gpus"]
+
+
+def drop_caches() -> list[str]:
+    """The node's page cache dropped (a privileged container); its memory before and after."""
+    return [HEALTH, "drop-caches"]

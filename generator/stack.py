@@ -143,6 +143,8 @@ class NodeStack:
         )
         if self.cluster.metrics and self.is_head:
             found[monitoring.PROMETHEUS_CONFIG] = monitoring.prometheus_config(self.cluster)
+        if self.cluster.metrics and self.cluster.accelerator == "nvidia":
+            found[monitoring.DCGM_COUNTERS] = monitoring.dcgm_counters()
         return found
 
     @property

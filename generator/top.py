@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel
 from python_on_whales import DockerException
 
-from generator import probes
+from generator import hardware, observe, probes
 from generator.config import Node
 from generator.errors import reason
 from generator.fanout import each
 from generator.fleet import Fleet
+from generator.hardware import Hardware
 
 TIMEOUT = 30  # per node
-GPU_QUERY = [
-    "nvidia-smi",
-    "--query-gpu=utilization.gpu,memory.used,memory.total",
-    "--format=csv,noheader,nounits",
-]
 
 
 class NodeRow(BaseModel):
@@ -31,7 +26,7 @@ class NodeRow(BaseModel):
     services: dict[str, str] = {}  # service -> "running, healthy"
     cpu_percent: float | None = None  # of one core, summed over the node's containers
     memory_bytes: int | None = None
-    gpus: list[dict[str, float]] | None = None  # per GPU: utilization %, memory used and total MiB
+    hardware: Hardware | None = None  # the GPUs (None fields where they say N/A), node memory
     error: str | None = None
 
 
@@ -89,25 +84,10 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
             row.cpu_percent = round(sum(s.cpu_percentage or 0.0 for s in stats), 1)
             row.memory_bytes = sum(s.memory_used or 0 for s in stats)
         if fleet.cluster.accelerator == "nvidia" and running:
-            row.gpus = _gpus(fleet, node)
+            row.hardware = observe.gpus(fleet, node)
         return row
 
     return run
-
-
-def _gpus(fleet: Fleet, node: Node) -> list[dict[str, float]] | None:
-    service = fleet.stacks[node.name].services[0].name
-    try:
-        out = fleet.execute(node, service, GPU_QUERY)
-    except DockerException:
-        return None
-    found = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            keys = ("utilization_percent", "memory_used_mib", "memory_total_mib")
-            found.append(dict(zip(keys, map(float, parts), strict=True)))
-    return found
 
 
 def _load(fleet: Fleet) -> dict[str, float] | None:
@@ -132,15 +112,10 @@ def rows(top: Top) -> list[list[str]]:
         services = ", ".join(f"{s}: {st}" for s, st in r.services.items()) or (r.error or "-")
         cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:g}%"
         memory = "-" if r.memory_bytes is None else f"{r.memory_bytes / 2**30:.1f} GiB"
-        gpus = "-" if not r.gpus else " ".join(_gpu(g) for g in r.gpus)
+        gpus = "-" if r.hardware is None else hardware.describe(r.hardware)
         head = [load, cache, tps] if i == 0 else ["", "", ""]
         table.append([r.node, services, cpu, memory, gpus, *head])
     return table
-
-
-def _gpu(g: dict[str, Any]) -> str:
-    used, total = g["memory_used_mib"] / 1024, g["memory_total_mib"] / 1024
-    return f"{g['utilization_percent']:g}% {used:.0f}/{total:.0f} GiB"
 
 
 COLUMNS = ["node", "services", "CPU", "memory", "GPUs", "requests", "KV cache", "tok/s in / out"]

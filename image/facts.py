@@ -1,6 +1,7 @@
 """What preflight compares across nodes, as a node's container sees it: the interface and its
 addresses, TCP reach to every peer, versions, the model's files, /dev/shm, memlock, Ray's memory
-monitor setting, RDMA ports and GPUs (the JSON generator/checks.py reads as `Facts`)."""
+monitor setting, RDMA ports, the GPUs and the node's memory (image/gpus.py). The JSON
+generator/checks.py reads as `Facts`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import threading
 import time
 from importlib import metadata
 from typing import Any
+
+import gpus
 
 ABSENT = "absent"  # what a node that does not carry its ip tells its peers
 
@@ -215,13 +218,6 @@ def rdma() -> dict[str, str]:
     return states
 
 
-def gpus() -> int | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
-
-
 def facts(args: argparse.Namespace) -> None:
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -246,6 +242,7 @@ def facts(args: argparse.Namespace) -> None:
         "memory_monitor": os.environ.get("RAY_memory_monitor_refresh_ms"),  # noqa: SIM112
         "api_port_free": port_free(args.ip, args.api_port) if args.api_port else None,
         "rdma": rdma(),
-        "gpus": gpus(),
     }
+    hardware = gpus.report()  # the GPUs (temperature, power, clock reasons) and the node's memory
+    found |= hardware | {"gpus": None if hardware["devices"] is None else len(hardware["devices"])}
     print(json.dumps(found, sort_keys=True))

@@ -19,6 +19,12 @@ facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--
     prints what preflight compares across nodes, as JSON: the interface and its addresses,
     TCP reach to every peer's IP (listening on IP:PORT meanwhile, until every peer got through),
     versions, the model's files, /dev/shm, memlock, Ray's memory monitor setting, RDMA devices
+gpus
+    prints the GPUs (nvidia-smi's fields, `[N/A]` as null; throttle reasons by name) and the node's
+    memory (/proc/meminfo) as JSON: {"devices": [...] or null, "gpu_error": ..., "memory": {...}}
+drop-caches
+    writes back dirty pages, drops the node's page cache (a privileged container only: the GPU of
+    a unified-memory node takes from the same memory) and prints the memory before and after
 manifest PATH
     prints the model's manifest as JSON: size and sha256 of every file (symlinks followed), and
     the revision when PATH is a Hugging Face cache snapshot
@@ -48,13 +54,18 @@ LIB = "/usr/local/lib/vllm-compose"
 sys.path.insert(1, LIB)
 
 from facts import facts  # noqa: E402
+from gpus import meminfo, report  # noqa: E402
 from group import from_environment, run  # noqa: E402
 from raychecks import check_ray, print_nodes, print_slots  # noqa: E402
 from transfer import connect, manifest, receive, send  # noqa: E402
 
 API_KEY = "/run/secrets/api_key"
 # Commands that print their result (JSON or a stream) instead of "<command> ok".
-QUIET = ("nodes", "slots", "metrics", "facts", "manifest", "send", "receive", "supervise")
+QUIET = (
+    *("nodes", "slots", "metrics", "facts", "gpus", "drop-caches"),
+    *("manifest", "send", "receive", "supervise"),
+)
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 def check_serve(args: argparse.Namespace) -> str | None:
@@ -120,6 +131,18 @@ def print_load(args: argparse.Namespace) -> str | None:
     return None
 
 
+def drop_caches(_: argparse.Namespace) -> str | None:
+    before = meminfo()
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        return f"cannot drop the page cache: {e} (it needs a privileged container)"
+    print(json.dumps({"before": before, "after": meminfo()}, sort_keys=True))
+    return None
+
+
 def parser() -> argparse.ArgumentParser:
     found = argparse.ArgumentParser(prog="vllm-compose-health")
     sub = found.add_subparsers(dest="check", required=True)
@@ -141,6 +164,8 @@ def parser() -> argparse.ArgumentParser:
     wait.add_argument("target")
     wait.add_argument("--seconds", type=float, default=300)
     _facts_arguments(sub.add_parser("facts"))
+    sub.add_parser("gpus")
+    sub.add_parser("drop-caches")
     sub.add_parser("manifest").add_argument("path")
     sender = sub.add_parser("send")
     sender.add_argument("--root", required=True)
@@ -179,6 +204,8 @@ CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
     "metrics": print_load,
     "wait-for": wait_for,
     "facts": lambda args: facts(args),  # prints; never fails
+    "gpus": lambda _: print(json.dumps(report(), sort_keys=True)),  # never fails
+    "drop-caches": drop_caches,
     "manifest": manifest,
     "send": send,
     "receive": receive,

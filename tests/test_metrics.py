@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from generator import config, render, rules
+from generator import config, monitoring, render, rules
 from generator.errors import ConfigError
 from generator.stack import NodeStack
 
@@ -53,7 +53,13 @@ def test_every_node_runs_its_exporters_on_its_private_ip_and_the_head_runs_prome
         exporter = services["node-exporter"]
         assert exporter["command"][0] == f"--web.listen-address={node.ip}:9100"
         assert exporter["pid"] == "host" and "volumes" not in exporter
-        assert services["dcgm-exporter"]["command"] == ["-a", f"{node.ip}:9400"]
+        dcgm = services["dcgm-exporter"]
+        assert dcgm["command"] == ["-a", f"{node.ip}:9400", "-f", monitoring.DCGM_COUNTERS_FILE]
+        # Its fields are its own default file's names, with the heat and power throttle counters.
+        assert [c["target"] for c in dcgm["configs"]] == [monitoring.DCGM_COUNTERS_FILE]
+        fields = monitoring.dcgm_counters().splitlines()
+        assert "DCGM_FI_DEV_THERMAL_VIOLATION, counter" in "\n".join(fields)
+        assert all(line.count(",") == 2 for line in fields)
         assert services["dcgm-exporter"]["deploy"]["resources"]["reservations"]["devices"]
         ray = services["ray"]["command"]
         assert ray[ray.index("--metrics-export-port") + 1] == "8090"

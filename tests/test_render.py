@@ -58,6 +58,7 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
             "contexts.env",
             "image/entrypoint.sh",
             "image/facts.py",
+            "image/gpus.py",
             "image/group.py",
             "image/health.py",
             "image/raychecks.py",

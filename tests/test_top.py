@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from generator import top
+from generator.hardware import Gpu, Hardware
 
 
 def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
@@ -14,13 +15,19 @@ def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
                 services={"serve": "running, healthy"},
                 cpu_percent=153.2,
                 memory_bytes=3 * 2**30,
-                gpus=[
-                    {
-                        "utilization_percent": 97.0,
-                        "memory_used_mib": 104448.0,
-                        "memory_total_mib": 122880.0,
-                    }
-                ],
+                hardware=Hardware(
+                    devices=[
+                        Gpu(
+                            index=0,
+                            temperature_c=71,
+                            power_w=512.4,
+                            utilization_percent=97.0,
+                            memory_used_mib=104448.0,
+                            memory_total_mib=122880.0,
+                            throttle=["sw_power_cap"],
+                        )
+                    ]
+                ),
             ),
             top.NodeRow(node="spark2", ip="", error="engine does not answer"),
         ],
@@ -33,7 +40,7 @@ def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
         ),
     )
     head, worker = top.rows(view)
-    assert head == ["spark1", "serve: running, healthy", "153.2%", "3.0 GiB", "97% 102/120 GiB",
+    assert head == ["spark1", "serve: running, healthy", "153.2%", "3.0 GiB", "71 °C 512 W 97% 102/120 GiB [sw_power_cap]",
                     "2 running, 5 waiting", "41.5%", "120 / 33.5"]  # fmt: skip
     assert worker == ["spark2", "engine does not answer", "-", "-", "-", "", "", ""]
 

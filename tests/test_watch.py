@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from generator.errors import PhaseError, WatchGaveUp
+from generator.hardware import Reading
 from generator.watch import Policy, watch
 
 
@@ -14,9 +15,15 @@ class Done(Exception):
 
 
 class FakeGroup:
-    def __init__(self, checks: list[list[str]], recreate_fails: int = 0) -> None:
+    def __init__(
+        self,
+        checks: list[list[str]],
+        recreate_fails: int = 0,
+        heat: list[dict[str, Reading]] | None = None,
+    ) -> None:
         self.checks = list(checks)
         self.recreate_fails = recreate_fails
+        self.readings = list(heat or [])  # one a look; none left: every GPU cool
         self.calls: list[str] = []
 
     def problems(self, deadline: float) -> list[str]:
@@ -24,6 +31,9 @@ class FakeGroup:
             raise Done
         self.calls.append("check")
         return self.checks.pop(0)
+
+    def heat(self) -> dict[str, Reading]:
+        return self.readings.pop(0) if self.readings else {}
 
     def recreate(self) -> None:
         self.calls.append("recreate")
@@ -109,3 +119,46 @@ def test_a_long_healthy_stretch_starts_the_count_again() -> None:
     assert isinstance(error, Done)
     assert group.calls.count("recreate") == 4
     assert lines.count("watch: healthy for 60 s; the recovery count starts again") == 4
+
+
+HOT = Reading(97, "GPU 0 at 97 °C, at or over the 90 °C limit", near=True)
+WARM = Reading(88, None, near=True)
+COOL = Reading(45, None, near=False)
+
+
+def test_a_restart_waits_while_a_gpu_is_over_the_limit_and_says_so() -> None:
+    # Readings: the two checks, then the looks before the restart: hot twice, then cool.
+    heat = [{"spark2": COOL}, {"spark2": COOL}, {"spark2": HOT}, {"spark2": HOT}, {"spark2": COOL}]
+    group = FakeGroup([BAD, BAD, []], heat=heat)
+    clock, lines, _ = run(group, POLICY)
+    assert group.calls == ["check", "check", "recreate", "check"]
+    # A check's interval, the back-off, two holds of one interval each, then the checks' again.
+    assert clock.sleeps == [5, 10, 5, 5, 5, 5]
+    held = [x for x in lines if "holding the restart" in x]
+    assert (
+        held
+        == [
+            "watch: holding the restart while spark2: GPU 0 at 97 °C, at or over the 90 °C limit;"
+            " checking again in 5 s"
+        ]
+        * 2
+    )
+
+
+def test_a_node_that_vanished_while_hot_is_named_with_heat_as_the_likely_cause() -> None:
+    gone = ["spark2: engine does not answer: cannot connect", "spark2: not alive in Ray"]
+    # spark2 read near the limit while healthy, then vanished: no reading of it afterwards.
+    group = FakeGroup([[], gone], heat=[{"spark1": COOL, "spark2": WARM}, {"spark1": COOL}])
+    _, lines, _ = run(group, POLICY)
+    failed = next(x for x in lines if "check failed" in x)
+    assert failed.endswith(
+        "(heat is the likely cause: spark2's GPU was at 88 °C when last seen)"
+    ), failed
+    assert "spark1" not in failed
+
+
+def test_a_cool_node_that_vanished_is_not_blamed_on_heat() -> None:
+    gone = ["spark2: engine does not answer: cannot connect"]
+    group = FakeGroup([[], gone], heat=[{"spark2": COOL}])
+    _, lines, _ = run(group, POLICY)
+    assert not any("heat" in x for x in lines)

@@ -122,12 +122,25 @@ def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
 
 
 @app.command()
-def preflight(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
+def preflight(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    as_json: JsonOpt = False,
+    drop_caches: Annotated[
+        bool,
+        typer.Option(
+            "--drop-caches",
+            help="Drop each node's page cache first (on unified memory, CUDA does not count "
+            "it as free). Never done unless asked.",
+        ),
+    ] = False,
+) -> None:
     """Check every node before starting: contexts, interface and IP, reach between every pair,
-    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports.
+    one image and the same versions, the model's files, /dev/shm, memlock, Ray settings, ports,
+    GPUs, their heat and, on unified memory, whether the node's free memory holds the start.
     Writes the secret files onto the nodes first, as up does: the checks run in the stack."""
     opened = open_config(path, outdir, with_secrets=True)
-    checks, seconds = preflight_checks.run(opened.fleet, opened.deployment.stamped)
+    checks, seconds = preflight_checks.run(opened.fleet, opened.deployment.stamped, drop_caches)
     failures = [c for c in checks if c.status == "fail"]
     if as_json:
         out.print(checking.as_json(checks))
