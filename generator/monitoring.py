@@ -22,12 +22,14 @@ PROMETHEUS_FILE = "/etc/prometheus/prometheus.yml"
 API_KEY_FILE = "/run/secrets/api_key"
 DCGM_COUNTERS = "dcgm-counters"
 DCGM_COUNTERS_FILE = "/etc/dcgm-exporter/vllm-compose.csv"
-# The exporter's default fields that tell heat, power and throttling, and its two throttle
-# counters it leaves off by default (time spent slowed for power and for heat). Every name is one
-# of its own default file's: the exporter refuses a name it does not know. No framebuffer fields:
-# a unified-memory GPU (GB10) has none; the node exporter's node_memory_* are its memory.
+# The exporter's default fields that tell heat, power and throttling; its two throttle counters
+# it leaves off by default (time spent slowed for power and for heat); and the clock event
+# reasons (NVML's bitmask: 0x4 power cap, 0x20 and 0x40 heat). Each name is one the exporter's
+# own files and tests use: it refuses a name it does not know. A unified-memory GPU (GB10) has no
+# framebuffer figures; the node exporter's node_memory_* are its memory.
 DCGM_FIELDS = (
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (NVML bitmask)."),
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),

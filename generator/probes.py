@@ -96,5 +96,5 @@ def gpus() -> list[str]:
 
 
 def drop_caches() -> list[str]:
-    """The node's page cache dropped (a privileged container); its memory before and after."""
+    """The node's page cache dropped (SYS_ADMIN, /proc/sys writable); memory before and after."""
     return [HEALTH, "drop-caches"]

@@ -23,8 +23,9 @@ gpus
     prints the GPUs (nvidia-smi's fields, `[N/A]` as null; throttle reasons by name) and the node's
     memory (/proc/meminfo) as JSON: {"devices": [...] or null, "gpu_error": ..., "memory": {...}}
 drop-caches
-    writes back dirty pages, drops the node's page cache (a privileged container only: the GPU of
-    a unified-memory node takes from the same memory) and prints the memory before and after
+    writes back dirty pages, drops the node's page cache (in a container with SYS_ADMIN and
+    systempaths=unconfined only: the GPU of a unified-memory node takes from the same memory) and
+    prints the memory before and after
 manifest PATH
     prints the model's manifest as JSON: size and sha256 of every file (symlinks followed), and
     the revision when PATH is a Hugging Face cache snapshot
@@ -138,7 +139,7 @@ def drop_caches(_: argparse.Namespace) -> str | None:
         with open(DROP_CACHES, "w") as f:
             f.write("3\n")
     except OSError as e:
-        return f"cannot drop the page cache: {e} (it needs a privileged container)"
+        return f"cannot drop the page cache: {e} (it needs SYS_ADMIN and systempaths=unconfined)"
     print(json.dumps({"before": before, "after": meminfo()}, sort_keys=True))
     return None
 

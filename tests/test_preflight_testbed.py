@@ -60,6 +60,23 @@ def test_a_healthy_three_node_cluster_passes(bed: Testbed, tmp_path: Path) -> No
     assert took < NOT_A_HANG
 
 
+def test_the_page_cache_is_dropped_only_when_asked_and_each_node_says_what_it_freed(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    # The emulated nodes share this machine's kernel: each drop is the machine's, harmless.
+    config = write(tmp_path, bed)
+    _, checks, _ = preflight(config)
+    assert "drop-caches" not in {c["name"] for c in checks}
+    result = cli("preflight", config, "--json", "--drop-caches", cwd=config.parent)
+    dropped = [c for c in json.loads(result.stdout) if c["name"] == "drop-caches"]
+    assert [(c["node"], c["status"]) for c in dropped] == [
+        ("spark1", "pass"),
+        ("spark2", "pass"),
+    ], dropped
+    assert all("GiB freed" in c["cause"] for c in dropped), dropped
+    assert result.returncode == 0, result.stderr
+
+
 def test_a_context_that_does_not_answer(bed: Testbed, tmp_path: Path) -> None:
     sh("docker", "context", "create", "pre-dead", "--docker", "host=unix:///run/pre-dead.sock")
     try:
