@@ -10,14 +10,25 @@ watch (generator/watch.py decides when): `problems` checks the running group, `r
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import claims, evidence, lock, observe, preflight, probes, readiness, survey
+from generator import (
+    claims,
+    events,
+    evidence,
+    lock,
+    observe,
+    preflight,
+    probes,
+    readiness,
+    survey,
+)
 from generator.config import Node
 from generator.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.fanout import each, parallel
@@ -55,6 +66,7 @@ class Deployment:
     # The nodes' clusters, stopped ones too, as opening the config found them (survey.on_nodes):
     # the first stage's look; every later one (watch's recreate) looks afresh.
     seen: survey.Seen | None = None
+    follower: events.Follower | None = None  # while `watch` follows the nodes' events
 
     def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
         """A start phase that fails takes the whole group down again (a half-started group
@@ -219,6 +231,25 @@ class Deployment:
 
     def heat(self) -> dict[str, Reading]:
         return observe.heat(self.fleet)
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """Every node's container events followed while inside (`signs` reads them)."""
+        with events.Follower(self.fleet) as self.follower:
+            yield
+        self.follower = None
+
+    def signs(self, timeout: float) -> list[events.Sign]:
+        """The events that say a container broke, within `timeout` s (a pause without them)."""
+        if self.follower is None:
+            time.sleep(timeout)
+            return []
+        return self.follower.next(timeout)
+
+    def quiet(self) -> None:
+        """The events seen so far dropped: what a recovery or a heal did is not a fault."""
+        if self.follower is not None:
+            self.follower.drain()
 
     def down(self) -> dict[str, str]:
         """watch giving up: the logs saved first, the containers removed, the volumes kept (the

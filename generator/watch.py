@@ -1,12 +1,21 @@
 """`vllm-compose watch`: keep a running group serving, or stop it and say why.
 
-Every `interval` seconds the group is checked (Deployment.problems: every service running on every
-node, every node alive in Ray, a real completion back within `deadline`). After `failures` failed
-checks in a row the whole group is recreated in order, after a back-off that doubles from
-`backoff` up to `backoff_max`. Docker's restart policies act per container and only on exit: a
-dead worker leaves the head up and serving nothing, and a policy that restarts forever can wedge
-the hosts. So recoveries are counted: after `max_recoveries` in a row, without `stable` seconds
-of health in between, the group is taken down and watch stops with the last problem.
+Between checks, watch follows every node's container events (generator/events.py): a container
+of the group that dies, is killed, stopped, removed or turns unhealthy is named at once. Where
+Docker brings it back by itself (an exit or OOM kill under the stacks' restart policy) and the
+group's supervisors re-form the group, watch waits up to `heal` seconds and says so, rather than
+racing them with a recreate; where nothing else will act (killed or stopped through its engine,
+removed, an engine gone), it confirms with a check and recovers at once.
+
+Every `interval` seconds the group is also checked (Deployment.problems: every service running on
+every node, every node alive in Ray, a real completion back within `deadline`): the fallback for
+what sends no event (a hung rank, a cut link). After `failures` failed checks in a row the whole
+group is recreated in order. The first recovery starts at once; one that follows it without
+`stable` seconds of health waits a back-off that doubles from `backoff` up to `backoff_max`.
+Docker's restart policies act per container and only on exit: a dead worker leaves the head up
+and serving nothing, and a policy that restarts forever can wedge the hosts. So recoveries are
+counted: after `max_recoveries` in a row, the group is taken down and watch stops with the last
+problem.
 
 Each check also reads every node's GPU temperatures. A restart waits while a node's GPU is over
 the config's `gpu_temperature_limit` (or throttled for heat), and says so; a node that vanished
@@ -22,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from generator.errors import VllmComposeError, WatchGaveUp
+from generator.events import Sign, heals
 from generator.fanout import Report
 from generator.hardware import Reading
 
@@ -29,6 +39,8 @@ from generator.hardware import Reading
 class Group(Protocol):
     def problems(self, deadline: float) -> list[str]: ...
     def heat(self) -> dict[str, Reading]: ...
+    def signs(self, timeout: float) -> list[Sign]: ...
+    def quiet(self) -> None: ...
     def recreate(self) -> object: ...
     def down(self) -> dict[str, str]: ...
 
@@ -39,13 +51,16 @@ class Policy:
     deadline: float = 60  # seconds the canary completion may take
     failures: int = 2  # failed checks in a row before a recovery
     max_recoveries: int = 5  # recoveries in a row before giving up
-    backoff: float = 10  # seconds before the first recovery; doubles for each next one
+    backoff: float = 10  # seconds before a second recovery in a row; doubles for each next one
     backoff_max: float = 300
     stable: float = 600  # healthy this long after a recovery: the count starts again
+    heal: float = 120  # seconds a fault Docker and the supervisors mend by themselves may take
 
     def delay(self, recoveries: int) -> float:
-        """The back-off before recovery number `recoveries + 1`."""
-        return float(min(self.backoff * 2**recoveries, self.backoff_max))
+        """The back-off before recovery number `recoveries + 1`: none before the first."""
+        if not recoveries:
+            return 0.0
+        return float(min(self.backoff * 2 ** (recoveries - 1), self.backoff_max))
 
 
 @dataclass
@@ -70,17 +85,51 @@ def watch(
         state.heat |= group.heat()  # a node that does not answer keeps its last reading
         if not problems:
             _healthy(state, policy, report, clock)
-            sleep(policy.interval)
+            _signed(group, state, group.signs(policy.interval), policy, report, (clock, sleep))
             continue
         state.failed += 1
         said = "; ".join(problems) + _heat_named(state.heat, problems)
         report(f"watch: check failed ({state.failed}/{policy.failures}): {said}")
         if state.failed < policy.failures:
-            sleep(policy.interval)
+            group.signs(policy.interval)  # a sign now only brings the next check forward
         elif _recovered(group, state, problems[0], policy, report, sleep):
             state.failed, state.recovered_at = 0, clock()
-            sleep(policy.interval)
+            group.signs(policy.interval)
         # A recovery that failed: the next check fails at once and leads to a longer back-off.
+
+
+Time = tuple[Callable[[], float], Callable[[float], None]]  # (clock, sleep)
+HEAL_POLL = 2.0  # seconds between looks while Docker and the supervisors mend a fault
+
+
+def _signed(
+    group: Group, state: _State, signs: list[Sign], policy: Policy, report: Report, time_: Time
+) -> None:
+    """Signs that came between checks: named at once; then waited for, where Docker and the
+    group's supervisors mend them by themselves, or confirmed and recovered from at once."""
+    if not signs:
+        return
+    clock, sleep = time_
+    report(f"watch: {'; '.join(dict.fromkeys(s.said() for s in signs))}")
+    if heals(signs):
+        report(f"watch: Docker starts it again and the group's supervisors re-form the group;"
+               f" waiting up to {policy.heal:g} s")  # fmt: skip
+        start = clock()
+        while clock() - start < policy.heal:
+            sleep(HEAL_POLL)
+            if not group.problems(policy.deadline):
+                report(f"watch: healed by Docker and the supervisors in {clock() - start:.0f} s")
+                group.quiet()
+                return
+        report(f"watch: not healed in {policy.heal:g} s; recreating the group")
+    problems = group.problems(policy.deadline)
+    if not problems:
+        report("watch: the group serves; nothing to do")
+        return
+    state.failed = policy.failures
+    report(f"watch: confirmed: {'; '.join(problems)}{_heat_named(state.heat, problems)}")
+    if _recovered(group, state, problems[0], policy, report, sleep):
+        state.failed, state.recovered_at = 0, clock()
 
 
 def _healthy(state: _State, policy: Policy, report: Report, clock: Callable[[], float]) -> None:
@@ -106,17 +155,21 @@ def _recovered(
         raise WatchGaveUp(state.recoveries, problem, group.down())
     delay = policy.delay(state.recoveries)
     state.recoveries += 1
+    when = f"in {delay:g} s" if delay else "now"
     report(
-        f"watch: recovery {state.recoveries}/{policy.max_recoveries} in {delay:g} s:"
+        f"watch: recovery {state.recoveries}/{policy.max_recoveries} {when}:"
         f" recreating the whole group ({problem})"
     )
-    sleep(delay)
+    if delay:
+        sleep(delay)
     _cooled(group, policy, report, sleep)
     try:
         group.recreate()
     except VllmComposeError as e:
         report(f"watch: recovery {state.recoveries} failed: {e.message}")
         return False
+    finally:
+        group.quiet()  # the recovery's own events are not faults
     report(f"watch: recovery {state.recoveries} done: serving again")
     return True
 

@@ -157,22 +157,21 @@ def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair: Pair) 
 
 
 def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:
-    """`up --watch`, then the worker's `service` container killed: watch names it, recreates the
-    whole group (every node's container of that service is new) and a chat completion comes
-    back; Ctrl-C then stops watching (exit 130) and leaves the group as it is."""
+    """`up --watch` at watch's defaults, then the worker's `service` container killed: watch
+    names it from the engine's events, recreates the whole group at once (every node's container
+    of that service is new) and a chat completion comes back; Ctrl-C then stops watching (exit
+    130) and leaves the group as it is."""
     head, worker = bed.nodes[:2]
-    watcher = clusters.Background(
-        "up", path, "--watch", "--interval", "5", "--backoff", "1", "--deadline", "30",
-        cwd=path.parent,
-    )  # fmt: skip
+    watcher = clusters.Background("up", path, "--watch", cwd=path.parent)
     try:
         watcher.wait_for("ready: http://192.168.200.12:30000/v1", 900)
         watcher.wait_for("watch: ok", 120)
+        time.sleep(1)  # the event streams are open by now
         before = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
         worker.docker.container.kill(before[worker.name])
-        failed = watcher.wait_for("watch: check failed (1/2)", 60)
-        assert f"spark2: {service} exited (exit 137)" in failed
-        watcher.wait_for("recreating the whole group", 60)
+        named = watcher.wait_for(f"spark2: {service} exited (exit 137)", 60)
+        assert "through its engine" in named and "check failed" not in watcher.output
+        watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
         watcher.wait_for("watch: recovery 1 done: serving again", 900)
         watcher.wait_for("watch: ok", 120)
         after = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}

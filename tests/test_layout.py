@@ -15,6 +15,7 @@ MODULE_LINES, FUNCTION_LINES = 300, 40
 # bytes and leave their pipes open; images.stream), and git, not docker: is a generated key
 # ignored (secrets.unignored)?
 OWN_PROCESSES = {
+    ("generator/events.py", "_follow"),
     ("generator/fleet.py", "follow"),
     ("generator/images.py", "stream"),
     ("generator/secrets.py", "unignored"),

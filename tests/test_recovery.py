@@ -6,6 +6,8 @@ STAND-IN (tests/support/standin_vllm.py); the Ray cluster, engines, Compose and 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +181,61 @@ def test_a_controller_that_loses_its_path_to_a_node_recreates_nothing(stack: Pai
     assert not [line for line in watcher.lines if "failed" in line or "recover" in line]
     after = {n.name: {s: c.id for s, c in containers(n, "cutoff").items()} for n in (head, worker)}
     assert after == before
+
+
+def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_recovers_at_once(
+    stack: Pair,
+) -> None:
+    """The worker's Ray container killed through its engine: watch, run as the README says (no
+    options), names the node and the cause from the engine's events, not at its next check
+    (30 s away), and recreates the group without a back-off; Docker would not start a container
+    killed so."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "killed", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    watcher = Background("watch", config, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        time.sleep(1)  # the event streams are open by now
+        worker.docker.container.kill(containers(worker, "killed")["ray"])
+        named = watcher.wait_for("spark2: ray exited (exit 137)", 60)
+        assert "spark2: ray sent signal 9 through its engine" in named  # the event's line
+        assert "check failed" not in watcher.output  # no check had to notice it first
+        watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
+        watcher.wait_for("watch: recovery 1 done: serving again", 300)
+        watcher.wait_for("watch: ok", 120)
+    finally:
+        code = watcher.interrupt()
+    assert code == 130, watcher.output
+
+
+def test_a_crash_docker_restarts_is_left_to_heal_and_watch_says_who_healed_it(
+    stack: Pair,
+) -> None:
+    """The worker's supervisor (its container's first process) dies as a crash would, from
+    outside its container but not through the engine: Docker starts the container again and the
+    group's supervisors re-form the group. watch names it, waits, and says it healed by itself;
+    nothing is recreated."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "crashed", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {n.name: containers(n, "crashed")["ray"].id for n in (head, worker)}
+    watcher = Background("watch", config, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        time.sleep(1)
+        pid = containers(worker, "crashed")["ray"].state.pid
+        assert pid  # the container's first process, as the host sees it: ours, started by `up`
+        os.kill(pid, signal.SIGKILL)
+        named = watcher.wait_for("spark2: ray exited (exit 137)", 60)
+        assert "through its engine" not in named
+        watcher.wait_for("Docker starts it again and the group's supervisors re-form", 10)
+        watcher.wait_for("watch: healed by Docker and the supervisors in", 180)
+    finally:
+        code = watcher.interrupt()
+    assert code == 130, watcher.output
+    assert "recreat" not in watcher.output.split("watch: ok", 1)[1]
+    after = {n.name: containers(n, "crashed")["ray"].id for n in (head, worker)}
+    assert after == before  # the same containers: started again, not made anew

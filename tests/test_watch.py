@@ -3,9 +3,13 @@ FAKE that replays a script of check results; time is a fake clock that sleeping 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from generator import events
 from generator.errors import PhaseError, WatchGaveUp
+from generator.events import Sign
 from generator.hardware import Reading
 from generator.watch import Policy, watch
 
@@ -20,11 +24,14 @@ class FakeGroup:
         checks: list[list[str]],
         recreate_fails: int = 0,
         heat: list[dict[str, Reading]] | None = None,
+        signs: list[list[Sign]] | None = None,
     ) -> None:
         self.checks = list(checks)
         self.recreate_fails = recreate_fails
         self.readings = list(heat or [])  # one a look; none left: every GPU cool
+        self.events = list(signs or [])  # one a pause between checks; none left: none come
         self.calls: list[str] = []
+        self.clock = Clock()
 
     def problems(self, deadline: float) -> list[str]:
         if not self.checks:
@@ -34,6 +41,15 @@ class FakeGroup:
 
     def heat(self) -> dict[str, Reading]:
         return self.readings.pop(0) if self.readings else {}
+
+    def signs(self, timeout: float) -> list[Sign]:
+        """The next pause's signs: they come 1 s into it; or none, and the whole pause passes."""
+        found = self.events.pop(0) if self.events else []
+        self.clock.sleep(1 if found else timeout)
+        return found
+
+    def quiet(self) -> None:
+        self.calls.append("quiet")
 
     def recreate(self) -> None:
         self.calls.append("recreate")
@@ -60,7 +76,7 @@ class Clock:
 
 
 def run(group: FakeGroup, policy: Policy) -> tuple[Clock, list[str], BaseException]:
-    clock, lines = Clock(), list[str]()
+    clock, lines = group.clock, list[str]()
     with pytest.raises((Done, WatchGaveUp)) as raised:
         watch(group, policy, lines.append, clock=clock, sleep=clock.sleep)
     return clock, lines, raised.value
@@ -76,14 +92,12 @@ def test_a_single_failed_check_is_not_enough() -> None:
     assert "recreate" not in group.calls
 
 
-def test_failures_in_a_row_recreate_the_group_after_the_first_back_off() -> None:
+def test_failures_in_a_row_recreate_the_group_at_once() -> None:
     group = FakeGroup([[], BAD, BAD, []])
     clock, lines, _ = run(group, POLICY)
-    assert group.calls == ["check", "check", "check", "recreate", "check"]
-    assert clock.sleeps == [5, 5, 10, 5, 5]
-    assert any(
-        "recovery 1/3 in 10 s: recreating the whole group (spark2: serve" in x for x in lines
-    )
+    assert group.calls == ["check", "check", "check", "recreate", "quiet", "check"]
+    assert clock.sleeps == [5, 5, 5, 5]  # no back-off before a first recovery
+    assert any("recovery 1/3 now: recreating the whole group (spark2: serve" in x for x in lines)
     assert "watch: recovery 1 done: serving again" in lines
 
 
@@ -93,7 +107,7 @@ def test_back_off_doubles_up_to_its_cap_then_watch_takes_the_group_down_and_says
     assert group.calls.count("recreate") == 3
     assert group.calls[-1] == "down"
     backoffs = [s for s in clock.sleeps if s != POLICY.interval]
-    assert backoffs == [10, 20, 25]
+    assert backoffs == [10, 20]  # the first at once, then 10, doubled (under its cap of 25)
     assert isinstance(error, WatchGaveUp)
     assert error.lines() == [
         "watch: gave up after 3 recoveries in a row; last problem: spark2: serve exited (exit 137)",
@@ -131,9 +145,9 @@ def test_a_restart_waits_while_a_gpu_is_over_the_limit_and_says_so() -> None:
     heat = [{"spark2": COOL}, {"spark2": COOL}, {"spark2": HOT}, {"spark2": HOT}, {"spark2": COOL}]
     group = FakeGroup([BAD, BAD, []], heat=heat)
     clock, lines, _ = run(group, POLICY)
-    assert group.calls == ["check", "check", "recreate", "check"]
-    # A check's interval, the back-off, two holds of one interval each, then the checks' again.
-    assert clock.sleeps == [5, 10, 5, 5, 5, 5]
+    assert group.calls == ["check", "check", "recreate", "quiet", "check"]
+    # A check's interval, two holds of one interval each, then the checks' again.
+    assert clock.sleeps == [5, 5, 5, 5, 5]
     held = [x for x in lines if "holding the restart" in x]
     assert (
         held
@@ -162,3 +176,76 @@ def test_a_cool_node_that_vanished_is_not_blamed_on_heat() -> None:
     group = FakeGroup([[], gone], heat=[{"spark2": COOL}])
     _, lines, _ = run(group, POLICY)
     assert not any("heat" in x for x in lines)
+
+
+# Signs between checks: the container events of generator/events.py
+
+
+def signs_of(*lines: int) -> list[Sign]:
+    """Signs from the real events captured from Docker 20.10 (tests/fixtures), by line number."""
+    captured = (Path(__file__).parent / "fixtures" / "docker-events-20.10.jsonl").read_text()
+    parsed = [events.parse("spark2", line) for line in captured.splitlines()]
+    return [s for i, s in enumerate(parsed) if i in lines and s is not None]
+
+
+KILLED = [2, 3]  # docker kill of ray: its kill (signal 9), then its die (exit 137)
+EXITED = [7]  # serve exited by itself (exit 3); Docker started it again
+
+
+def test_real_events_read_as_the_engine_said_them() -> None:
+    kill, die = signs_of(*KILLED)
+    assert (kill.service, kill.action, kill.signal) == ("ray", "kill", 9)
+    assert (die.service, die.action, die.exit_code) == ("ray", "die", 137)
+    assert die.container == kill.container and len(die.container) == 64
+    assert die.said() == "spark2: ray exited (exit 137)"
+    assert events.parse("spark2", "not json") is None
+
+
+def test_docker_mends_an_exit_but_not_a_kill_a_stop_or_a_removal() -> None:
+    assert events.heals(signs_of(*EXITED))
+    assert not events.heals(signs_of(*KILLED))
+    assert not events.heals(signs_of(4))  # destroy
+    assert not events.heals([Sign("spark2", "", "gone")])
+    assert not events.heals([])
+
+
+def test_a_container_killed_through_its_engine_is_named_at_once_and_recovered_at_once() -> None:
+    group = FakeGroup([[], BAD, []], signs=[signs_of(*KILLED)])
+    clock, lines, _ = run(group, POLICY)
+    assert lines[1] == (
+        "watch: spark2: ray sent signal 9 through its engine (docker kill or stop);"
+        " spark2: ray exited (exit 137)"
+    )
+    assert group.calls == ["check", "check", "recreate", "quiet", "check"]
+    assert clock.sleeps == [1, 5]  # named 1 s into the pause; recovered with no other wait
+    assert "watch: confirmed: spark2: serve exited (exit 137)" in lines
+    assert any(line.startswith("watch: recovery 1/3 now:") for line in lines)
+
+
+def test_an_exit_that_docker_and_the_supervisors_mend_is_waited_for_not_raced() -> None:
+    # The looks while healing: broken twice, then serving again.
+    group = FakeGroup([[], BAD, BAD, []], signs=[signs_of(*EXITED)])
+    clock, lines, _ = run(group, POLICY)
+    assert "recreate" not in group.calls
+    assert lines[1] == "watch: spark2: serve exited (exit 3)"
+    assert lines[2] == (
+        "watch: Docker starts it again and the group's supervisors re-form the group;"
+        " waiting up to 120 s"
+    )
+    assert "watch: healed by Docker and the supervisors in 6 s" in lines
+    assert clock.sleeps[:4] == [1, 2, 2, 2]
+
+
+def test_a_mend_that_does_not_come_in_time_is_acted_on() -> None:
+    quick = Policy(interval=5, failures=2, max_recoveries=3, backoff=10, heal=4)
+    group = FakeGroup([[], BAD, BAD, BAD, []], signs=[signs_of(*EXITED)])
+    _, lines, _ = run(group, quick)
+    assert "watch: not healed in 4 s; recreating the group" in lines
+    assert group.calls.count("recreate") == 1
+
+
+def test_a_sign_the_group_shrugged_off_changes_nothing() -> None:
+    group = FakeGroup([[], [], []], signs=[signs_of(*KILLED)])
+    _, lines, _ = run(group, POLICY)
+    assert "watch: the group serves; nothing to do" in lines
+    assert "recreate" not in group.calls

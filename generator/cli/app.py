@@ -50,7 +50,20 @@ RecoveriesOpt = Annotated[
     ),
 ]
 BackoffOpt = Annotated[
-    float, typer.Option(min=0, help="watch: seconds before the first recovery; doubles up to 300.")
+    float,
+    typer.Option(
+        min=0,
+        help="watch: seconds before a second recovery in a row (the first starts at once); "
+        "doubles up to 300.",
+    ),
+]
+HealOpt = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="watch: seconds a container that Docker starts again may take to serve again, "
+        "with its group, before the group is recreated.",
+    ),
 ]
 DEFAULT = watching.Policy()
 

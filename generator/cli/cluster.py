@@ -25,6 +25,7 @@ from generator.cli.app import (
     ConfigArg,
     DeadlineOpt,
     FailuresOpt,
+    HealOpt,
     IntervalOpt,
     JsonOpt,
     OutdirOpt,
@@ -68,6 +69,7 @@ def up(
     failures: FailuresOpt = DEFAULT.failures,
     max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
     backoff: BackoffOpt = DEFAULT.backoff,
+    heal: HealOpt = DEFAULT.heal,
 ) -> None:
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. A start phase that fails takes the group down again. With a lock beside the config,
@@ -82,7 +84,7 @@ def up(
     history.record(path, opened.config_text, opened.locked)
     served(result)
     if and_watch:
-        policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff)
+        policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff, heal=heal)
         _watch(opened, policy)
 
 
@@ -95,12 +97,15 @@ def watch(
     failures: FailuresOpt = DEFAULT.failures,
     max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
     backoff: BackoffOpt = DEFAULT.backoff,
+    heal: HealOpt = DEFAULT.heal,
 ) -> None:
     """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
     nodes and a real completion; on failure recreate the whole group in order, with back-off;
     after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
     opened = open_config(path, outdir, strict=True, with_secrets=True)
-    _watch(opened, watching.Policy(interval, deadline, failures, max_recoveries, backoff))
+    _watch(
+        opened, watching.Policy(interval, deadline, failures, max_recoveries, backoff, heal=heal)
+    )
 
 
 def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
@@ -115,7 +120,8 @@ def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
     # some CI runners) inherits that, and Python then raises no KeyboardInterrupt at all.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        watching.watch(opened.deployment, policy, report)
+        with opened.deployment.following():
+            watching.watch(opened.deployment, policy, report)
     except KeyboardInterrupt:
         report("watch: stopped; the group is left as it is")
         raise typer.Exit(130) from None
