@@ -46,7 +46,7 @@ class Sign:
             "stop": "stopped through its engine",
             "destroy": "removed",
             "health_status: unhealthy": "turned unhealthy",
-            "gone": "engine's event stream ended: the engine or the node went away",
+            "gone": "its engine's event stream ended: the engine or the node went away",
         }
         what = words.get(self.action, self.action)
         return (
@@ -85,13 +85,14 @@ def _number(text: object) -> int | None:
 
 def heals(signs: list[Sign]) -> bool:
     """Does Docker bring these containers back by itself? A container that exited is started
-    again by its restart policy (unless-stopped), an OOM kill included; one killed or stopped
-    through its engine (docker kill, docker stop) or removed is not, nor is a lost engine."""
+    again by its restart policy (unless-stopped), an OOM kill included, and a node's whole stack
+    with its engine (a reboot, a power cut: the stacks restart with their node). One killed or
+    stopped through its engine (docker kill, docker stop) or removed is not; nor is an
+    unhealthy one (Docker's restart policies do not act on health)."""
     broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
     manual = {s.container for s in signs if s.action in ("kill", "stop", "destroy")}
     return bool(broken) and all(
-        s.action in ("die", "oom", "health_status: unhealthy") and s.container not in manual
-        for s in broken
+        s.action in ("die", "oom", "gone") and s.container not in manual for s in broken
     )
 
 

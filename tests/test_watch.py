@@ -201,11 +201,12 @@ def test_real_events_read_as_the_engine_said_them() -> None:
     assert events.parse("spark2", "not json") is None
 
 
-def test_docker_mends_an_exit_but_not_a_kill_a_stop_or_a_removal() -> None:
+def test_docker_mends_an_exit_and_a_lost_engine_but_not_a_kill_a_removal_or_bad_health() -> None:
     assert events.heals(signs_of(*EXITED))
+    assert events.heals([Sign("spark2", "", "gone")])  # the stack starts again with its engine
     assert not events.heals(signs_of(*KILLED))
     assert not events.heals(signs_of(4))  # destroy
-    assert not events.heals([Sign("spark2", "", "gone")])
+    assert not events.heals([Sign("spark2", "serve", "health_status: unhealthy", "x")])
     assert not events.heals([])
 
 

@@ -1,0 +1,349 @@
+"""Faults as clients see them: real vLLM (CPU build), TP=2 over two emulated nodes, `watch` at its
+defaults (no options, as the README runs it), and a bounded load of 4 clients, half of their
+requests streamed, running through each fault in turn; the cold `up` of the same run is the
+yardstick.
+
+    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefgh]
+
+Faults: a. the worker's process crashes (its container's first process killed from outside
+the engine: Docker starts the container again); b. the worker's serve (native) or Ray (ray)
+container killed with `docker kill`; c. the head's serve container killed; d. the worker's
+power cut (engine and containers killed, then the engine started); e. both nodes' power cut;
+f. the link between the nodes down for 20 s; g. `upgrade` to a changed config (an added
+variable; watch stopped meanwhile, as two controllers must not act at once); h. `rollback`.
+
+Per fault: time to detection (the fault to watch's first line about it), the outage clients
+saw (their first failed request to the next one answered), failed requests (streamed and not),
+who healed it, and the ratio of the outage to the cold `up`. Goals: detection <= 2 s; outage
+<= 0.6x cold for a, b, c and f, <= 1.0x for d, e, g and h. Every load and fault loop is bounded
+in count and time; traffic goes only to the testbed's own addresses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from python_on_whales import DockerClient
+
+from benchmarks.day_two import serving, tool
+from tests.support import clusters, images
+from tests.support.testbed import MODELS, Testbed, borrowed
+
+MODEL = f"{MODELS}/{images.MODEL}"
+PORT = 30000
+WORK = Path("/tmp/vllm-compose-chaos")
+CLIENTS = 4
+REQUEST_TIMEOUT = 30  # seconds: a request with no answer by then counts as failed
+MAX_REQUESTS = 40_000  # over the whole run, all clients
+STEADY = 10  # seconds of answers in a row that end a fault's wait
+FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
+LINK_CUT = 20
+GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
+
+
+@dataclass
+class Request:
+    start: float
+    end: float
+    ok: bool
+    streamed: bool
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """CLIENTS threads sending chat completions to the head, half streamed, until stopped."""
+
+    url: str
+    key: str
+    done: list[Request] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, client: int) -> None:
+        sent = 0
+        while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
+            streamed = (client + sent) % 2 == 0
+            start = time.monotonic()
+            try:
+                ok, error = self._send(streamed), ""
+            except (OSError, ValueError) as e:
+                ok, error = False, str(e)[:200]
+            self.done.append(Request(start, time.monotonic(), ok, streamed, error))
+            sent += 1
+            if not ok:
+                time.sleep(0.2)  # a refused connection must not spin
+
+    def _send(self, streamed: bool) -> bool:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 8, "stream": streamed}  # fmt: skip
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+            if not streamed:
+                return bool(json.load(response)["choices"])
+            for raw in response:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    return True
+                if line.startswith("data: ") and '"error"' in line:
+                    return False
+        return False  # a stream that ended without [DONE]
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Load]:
+        threads = [
+            threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(CLIENTS)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            for thread in threads:
+                thread.join(REQUEST_TIMEOUT + 5)
+
+
+class Watcher:
+    """`vllm-compose watch CONFIG` at its defaults, each line kept with when it came."""
+
+    def __init__(self, config: Path) -> None:
+        cmd = [sys.executable, "-m", "generator", "watch", str(config)]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=config.parent,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self.new: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            self.new.put(line)
+
+    def wait_for(self, text: str, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                if text in self.new.get(timeout=1):
+                    return
+        raise RuntimeError(f"watch never said {text!r}:\n" + "\n".join(x for _, x in self.lines))
+
+    def since(self, moment: float) -> list[tuple[float, str]]:
+        return [(t, x) for t, x in self.lines if t >= moment]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@dataclass
+class Figure:
+    fault: str
+    detection: float | None  # seconds; None where watch had no part
+    outage: float
+    failed: int
+    failed_streamed: int
+    healer: str
+
+
+def outage(done: list[Request], since: float) -> tuple[float, int, int]:
+    """(first failed request to the next answered, failed plain, failed streamed) after `since`."""
+    after = [r for r in done if r.end >= since]
+    failed = [r for r in after if not r.ok]
+    if not failed:
+        return 0.0, 0, 0
+    first = min(r.end for r in failed)
+    answered = [r.end for r in after if r.ok and r.start > first]
+    back = min(answered) if answered else time.monotonic()
+    return back - first, sum(not r.streamed for r in failed), sum(r.streamed for r in failed)
+
+
+def steady(load: Load, since: float) -> None:
+    """Until STEADY seconds of answers in a row after `since` (bounded by FAULT_LIMIT)."""
+    deadline = since + FAULT_LIMIT
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        recent = [r for r in load.done if r.end >= time.monotonic() - STEADY]
+        calm = [r for r in load.done if r.end >= since and not r.ok]
+        last_fail = max((r.end for r in calm), default=since)
+        if recent and all(r.ok for r in recent) and time.monotonic() - last_fail >= STEADY:
+            return
+    raise RuntimeError(f"not serving steadily {FAULT_LIMIT} s after the fault")
+
+
+def healer(lines: list[str]) -> str:
+    text = "\n".join(lines)
+    if "healed by Docker and the supervisors" in text:
+        return "Docker and the supervisors"
+    if "recovery" in text and "done: serving again" in text:
+        return "watch (recreate)"
+    return "the stacks themselves"
+
+
+def detection(lines: list[tuple[float, str]], at: float) -> float | None:
+    said = [t for t, x in lines if "watch:" in x and "watch: ok" not in x]
+    return said[0] - at if said else None
+
+
+Fault = Callable[[Testbed, Path, str], None]
+
+
+def crash(bed: Testbed, config: Path, backend: str) -> None:
+    service = "ray" if backend == "ray" else "serve"
+    pid = clusters.containers(bed.nodes[1], "chaos")[service].state.pid
+    assert pid, "the container is not running"
+    os.kill(pid, signal.SIGKILL)  # a container this run started: its first process
+
+
+def kill_worker(bed: Testbed, config: Path, backend: str) -> None:
+    service = "ray" if backend == "ray" else "serve"
+    bed.nodes[1].docker.container.kill(clusters.containers(bed.nodes[1], "chaos")[service])
+
+
+def kill_head_serve(bed: Testbed, config: Path, backend: str) -> None:
+    bed.nodes[0].docker.container.kill(clusters.containers(bed.nodes[0], "chaos")["serve"])
+
+
+def power_worker(bed: Testbed, config: Path, backend: str) -> None:
+    bed.power_cut([bed.nodes[1]])
+    bed.start_engine(bed.nodes[1])
+
+
+def power_both(bed: Testbed, config: Path, backend: str) -> None:
+    bed.power_cut(bed.nodes[:2])
+    for node in bed.nodes[:2]:
+        bed.start_engine(node)
+
+
+def link_cut(bed: Testbed, config: Path, backend: str) -> None:
+    bed.link_down(bed.nodes[1])
+    time.sleep(LINK_CUT)
+    bed.link_up(bed.nodes[1])
+
+
+FAULTS: dict[str, tuple[str, Fault]] = {
+    "a": ("a. worker's process crashes", crash),
+    "b": ("b. worker's container killed", kill_worker),
+    "c": ("c. head's serve killed", kill_head_serve),
+    "d": ("d. worker's power cut", power_worker),
+    "e": ("e. both nodes' power cut", power_both),
+    "f": (f"f. link cut {LINK_CUT} s", link_cut),
+}
+RELEASES = {"g": "g. upgrade", "h": "h. rollback"}
+
+
+def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[float, list[Figure]]:
+    head, worker = bed.nodes[:2]
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir()
+    share = " gpu_memory_utilization: 0.1," if backend == "ray" else ""
+    args = "args: [--dtype, float32, --enforce-eager]"
+    vllm = f"{{port: {PORT}, max_model_len: 256,{share} startup_timeout: 900, {args}}}"
+    config = clusters.write_config(WORK / "chaos.yaml", "chaos", [head, worker], image,
+                                   backend=backend, model=MODEL, vllm=vllm)  # fmt: skip
+    tool("up", config)  # the wrapper image on both nodes (not timed)
+    tool("down", config)
+    start = time.monotonic()
+    tool("up", config)
+    serving(str(head.ip), clusters.api_key(config))
+    cold = time.monotonic() - start
+    print(f"{backend}: cold up {cold:.1f} s", flush=True)
+    figures = []
+    load = Load(f"http://{head.ip}:{PORT}/v1/chat/completions", clusters.api_key(config))
+    with load.running():
+        for key in faults:
+            figures.append(_fault(bed, config, backend, key, load))
+            print(f"{backend}: {_row(figures[-1], cold)}", flush=True)
+    tool("down", config)
+    left = clusters.leftovers(head, "chaos") + clusters.leftovers(worker, "chaos")
+    print(f"{backend}: left behind after down: {left or 'nothing'}", flush=True)
+    return cold, figures
+
+
+def _fault(bed: Testbed, config: Path, backend: str, key: str, load: Load) -> Figure:
+    if key in RELEASES:
+        at = time.monotonic()
+        if key == "g":
+            config.write_text(config.read_text() + "env: {NCCL_DEBUG: WARN}\n")
+            tool("upgrade", config)
+        else:
+            tool("rollback", config)
+        steady(load, at)
+        lost, plain, streamed = outage(load.done, at)
+        return Figure(RELEASES[key], None, lost, plain, streamed, f"`{RELEASES[key][3:]}`")
+    name, inject = FAULTS[key]
+    watcher = Watcher(config)
+    try:
+        watcher.wait_for("watch: ok", 300)
+        time.sleep(2)  # the event streams are open
+        at = time.monotonic()
+        inject(bed, config, backend)
+        steady(load, at)
+        time.sleep(2)  # watch's last line about it
+    finally:
+        watcher.stop()
+    lost, plain, streamed = outage(load.done, at)
+    lines = watcher.since(at)
+    return Figure(name, detection(lines, at), lost, plain, streamed, healer([x for _, x in lines]))
+
+
+def _row(f: Figure, cold: float) -> str:
+    found = "-" if f.detection is None else f"{f.detection:.1f} s"
+    goal = GOALS[f.fault[0]]
+    ratio = f.outage / cold
+    return (f"{f.fault:30} detection {found:>7}  outage {f.outage:5.1f} s = {ratio:.2f}x cold"
+            f" (goal <= {goal})  failed {f.failed} + {f.failed_streamed} streamed  healed by"
+            f" {f.healer}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos")
+    parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
+    parser.add_argument("--faults", default="abcdefgh")
+    args = parser.parse_args()
+    backends = ["native", "ray"] if args.backend == "both" else [args.backend]
+    root = DockerClient()
+    print("setup: images, model, testbed (not timed)", flush=True)
+    image, model = images.vllm_base(root), images.tiny_model(root)
+    results = {}
+    with borrowed(2) as bed:
+        bed.load_image(image, nodes=bed.nodes[:2])
+        for node in bed.nodes[:2]:
+            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        for backend in backends:
+            results[backend] = one_backend(bed, backend, args.faults, image)
+    print()
+    print(f"chaos: TP=2, 2 emulated nodes, tiny Llama, vLLM CPU, watch at its defaults, "
+          f"{CLIENTS} clients (half streamed)")  # fmt: skip
+    for backend, (cold, figures) in results.items():
+        print(f"{backend} (cold up {cold:.1f} s):")
+        for f in figures:
+            print(f"  {_row(f, cold)}")
+
+
+if __name__ == "__main__":
+    main()
