@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import queue
 import shutil
@@ -32,90 +31,25 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from python_on_whales import DockerClient
 
 from benchmarks.day_two import serving, tool
 from tests.support import clusters, images
+from tests.support.load import Load, Request
 from tests.support.testbed import MODELS, Testbed, borrowed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT = 30000
 WORK = Path("/tmp/vllm-compose-chaos")
-CLIENTS = 4
-REQUEST_TIMEOUT = 30  # seconds: a request with no answer by then counts as failed
-MAX_REQUESTS = 40_000  # over the whole run, all clients
 STEADY = 10  # seconds of answers in a row that end a fault's wait
+CLIENTS = 4
 FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
 LINK_CUT = 20
 GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
-
-
-@dataclass
-class Request:
-    start: float
-    end: float
-    ok: bool
-    streamed: bool
-    error: str = ""
-
-
-@dataclass
-class Load:
-    """CLIENTS threads sending chat completions to the head, half streamed, until stopped."""
-
-    url: str
-    key: str
-    done: list[Request] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self, client: int) -> None:
-        sent = 0
-        while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
-            streamed = (client + sent) % 2 == 0
-            start = time.monotonic()
-            try:
-                ok, error = self._send(streamed), ""
-            except (OSError, ValueError) as e:
-                ok, error = False, str(e)[:200]
-            self.done.append(Request(start, time.monotonic(), ok, streamed, error))
-            sent += 1
-            if not ok:
-                time.sleep(0.2)  # a refused connection must not spin
-
-    def _send(self, streamed: bool) -> bool:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}],
-                "max_tokens": 8, "stream": streamed}  # fmt: skip
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
-        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
-            if not streamed:
-                return bool(json.load(response)["choices"])
-            for raw in response:
-                line = raw.decode().strip()
-                if line == "data: [DONE]":
-                    return True
-                if line.startswith("data: ") and '"error"' in line:
-                    return False
-        return False  # a stream that ended without [DONE]
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Load]:
-        threads = [
-            threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(CLIENTS)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            yield self
-        finally:
-            self.stop.set()
-            for thread in threads:
-                thread.join(REQUEST_TIMEOUT + 5)
 
 
 class Watcher:
@@ -273,8 +207,8 @@ def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[fl
     cold = time.monotonic() - start
     print(f"{backend}: cold up {cold:.1f} s", flush=True)
     figures = []
-    load = Load(f"http://{head.ip}:{PORT}/v1/chat/completions", clusters.api_key(config))
-    with load.running():
+    load = Load(f"http://{head.ip}:{PORT}/v1/chat/completions", clusters.api_key(config), MODEL)
+    with load.running(CLIENTS):
         for key in faults:
             figures.append(_fault(bed, config, backend, key, load))
             print(f"{backend}: {_row(figures[-1], cold)}", flush=True)

@@ -146,6 +146,8 @@ class Follower:
         project = f"label=com.docker.compose.project={self.fleet.cluster.name}"
         cmd = [*map(str, docker), "events", "--format", "{{json .}}"]
         cmd += ["--filter", "type=container", "--filter", project]
+        # Not one-off containers (preflight's, `top`'s looks): theirs are not the group's.
+        cmd += ["--filter", "label=com.docker.compose.oneoff=False"]
         while not self.closed.is_set():
             started = time.monotonic()
             with self.lock:

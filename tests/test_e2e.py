@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -23,6 +25,7 @@ from python_on_whales import DockerClient, DockerException
 
 from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
+from tests.support.load import REQUEST_TIMEOUT, Load
 from tests.support.testbed import IFNAME, MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
@@ -168,12 +171,15 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
         watcher.wait_for("watch: ok", 120)
         time.sleep(1)  # the event streams are open by now
         before = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
-        worker.docker.container.kill(before[worker.name])
-        named = watcher.wait_for(f"spark2: {service} exited (exit 137)", 60)
-        assert "through its engine" in named and "check failed" not in watcher.output
-        watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
-        watcher.wait_for("watch: recovery 1 done: serving again", 900)
-        watcher.wait_for("watch: ok", 120)
+        with under_load(path) as load:
+            worker.docker.container.kill(before[worker.name])
+            named = watcher.wait_for(f"spark2: {service} exited (exit 137)", 60)
+            assert "through its engine" in named and "check failed" not in watcher.output
+            watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
+            watcher.wait_for("watch: recovery 1 done: serving again", 900)
+            back = time.monotonic()
+            watcher.wait_for("watch: ok", 120)
+            answered_again(load, back)
         after = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
         assert set(after.values()).isdisjoint(before.values())  # the whole group, not one rank
         answer = chat(worker, clusters.api_key(path))
@@ -393,11 +399,62 @@ def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair: Pair) -> None
     assert "assert self.intermediate_tensors is not None" in serve_log
 
 
+@contextlib.contextmanager
+def under_load(path: Path) -> Iterator[Load]:
+    """Two clients sending chat completions to the head, half streamed, for the block."""
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    with Load(url, clusters.api_key(path), MODEL).running(2) as load:
+        yield load
+
+
+def answered_again(load: Load, since: float) -> None:
+    """Clients are answered again after `since` (within 60 s), and every request that failed
+    meanwhile failed cleanly: an error, within the clients' own timeout, never a hang."""
+    deadline = time.monotonic() + 60
+    while not load.answered_after(since) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert load.answered_after(since), load.failed_after(since)[-3:]
+    for r in load.failed_after(0):
+        assert r.error and r.end - r.start <= REQUEST_TIMEOUT + 5, r
+
+
 def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed(
     pair: Pair,
 ) -> None:
     bed, tmp = pair
     watched_recovery(bed, config(tmp, bed, "rayw", "ray", VLLM_RAY), "rayw", "ray")
+
+
+def test_a_crashed_workers_ray_is_healed_by_docker_and_the_supervisors_under_load(
+    pair: Pair,
+) -> None:
+    """The worker's Ray container's first process dies as a crash would (killed from outside its
+    container, not through the engine): Docker starts it again, Ray joins, the head's serve
+    supervisor starts vLLM again with the group. watch, at its defaults, names it, waits, and
+    says Docker and the supervisors healed it; it recreates nothing, and clients are answered
+    again."""
+    bed, tmp = pair
+    worker = bed.nodes[1]
+    path = config(tmp, bed, "crashray", "ray", VLLM_RAY)
+    assert cli("up", path, cwd=tmp).returncode == 0
+    watcher = clusters.Background("watch", path, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        time.sleep(1)
+        ray = clusters.containers(worker, "crashray")["ray"]
+        with under_load(path) as load:
+            assert ray.state.pid  # its first process, as this machine sees it: the test's own
+            os.kill(ray.state.pid, signal.SIGKILL)
+            named = watcher.wait_for("spark2: ray exited (exit 137)", 60)
+            assert "through its engine" not in named
+            watcher.wait_for("the group's supervisors re-form the group; waiting up to 120 s", 10)
+            watcher.wait_for("watch: healed by Docker and the supervisors in", 300)
+            answered_again(load, time.monotonic())
+    finally:
+        stopped = watcher.interrupt()
+    assert stopped == 130, watcher.output
+    assert "recreat" not in watcher.output
+    assert clusters.containers(worker, "crashray")["ray"].id == ray.id  # started again, not anew
 
 
 HOLD = """

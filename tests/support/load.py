@@ -1,0 +1,87 @@
+"""A bounded load of chat completions from this machine to a testbed node's API (its own
+address: nothing else is ever sent to), half of the requests streamed, each recorded with when
+it started and ended and whether it was answered; for the fault tests and benchmarks.chaos."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+REQUEST_TIMEOUT = 30  # seconds: a request with no answer by then counts as failed
+MAX_REQUESTS = 40_000  # over a whole load, all clients
+
+
+@dataclass
+class Request:
+    start: float
+    end: float
+    ok: bool
+    streamed: bool
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """Clients sending chat completions, half of them streamed, until stopped."""
+
+    url: str
+    key: str
+    model: str
+    done: list[Request] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, client: int) -> None:
+        sent = 0
+        while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
+            streamed = (client + sent) % 2 == 0
+            start = time.monotonic()
+            try:
+                ok, error = self._send(streamed), ""
+            except (OSError, ValueError) as e:
+                ok, error = False, str(e)[:200]
+            self.done.append(Request(start, time.monotonic(), ok, streamed, error))
+            sent += 1
+            if not ok:
+                time.sleep(0.2)  # a refused connection must not spin
+
+    def _send(self, streamed: bool) -> bool:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 8, "stream": streamed}  # fmt: skip
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+            if not streamed:
+                return bool(json.load(response)["choices"])
+            for raw in response:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    return True
+                if line.startswith("data: ") and '"error"' in line:
+                    return False
+        return False  # a stream that ended without [DONE]
+
+    @contextlib.contextmanager
+    def running(self, clients: int) -> Iterator[Load]:
+        """`clients` of them while inside; on leaving, each ends its request and stops."""
+        threads = [
+            threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            for thread in threads:
+                thread.join(REQUEST_TIMEOUT + 5)
+
+    def failed_after(self, moment: float) -> list[Request]:
+        return [r for r in self.done if r.end >= moment and not r.ok]
+
+    def answered_after(self, moment: float) -> list[Request]:
+        return [r for r in self.done if r.start >= moment and r.ok]
