@@ -11,12 +11,12 @@ engine answers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 
 from generator.fleet import SERVICE, Fleet
 
@@ -24,9 +24,10 @@ RESTART = 2.0  # seconds before a node's ended stream is started again
 GATHER = 0.5  # seconds to wait for the rest of one fault's events (a kill, then its die)
 # Actions that say a container is no longer what the group runs on.
 BREAKING = ("die", "kill", "oom", "stop", "destroy", "health_status: unhealthy")
+MANUAL = ("kill", "stop", "destroy")  # through the engine: Docker will not start it again
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Sign:
     """One event of one service's container on one node; `action` "gone" for a lost stream."""
 
@@ -36,6 +37,7 @@ class Sign:
     container: str = ""
     exit_code: int | None = None
     signal: int | None = None
+    manual: bool = False  # the container was killed or stopped through its engine before
 
     def said(self) -> str:
         """What happened, for watch's line: "ray exited (exit 137)", "serve removed", ..."""
@@ -90,9 +92,10 @@ def heals(signs: list[Sign]) -> bool:
     stopped through its engine (docker kill, docker stop) or removed is not; nor is an
     unhealthy one (Docker's restart policies do not act on health)."""
     broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
-    manual = {s.container for s in signs if s.action in ("kill", "stop", "destroy")}
+    manual = {s.container for s in signs if s.action in MANUAL}
     return bool(broken) and all(
-        s.action in ("die", "oom", "gone") and s.container not in manual for s in broken
+        s.action in ("die", "oom", "gone") and not s.manual and s.container not in manual
+        for s in broken
     )
 
 
@@ -105,6 +108,9 @@ class Follower:
         self.processes: dict[str, subprocess.Popen[str]] = {}
         self.lock = threading.Lock()
         self.closed = threading.Event()
+        # Containers killed or stopped through their engine: a `docker stop` says kill (SIGTERM)
+        # first, and its die comes up to the grace period later, in a later batch of signs.
+        self.manual: set[str] = set()
 
     def __enter__(self) -> Follower:
         for node in self.fleet.cluster.nodes:
@@ -160,8 +166,13 @@ class Follower:
             assert process.stdout is not None
             for line in process.stdout:
                 sign = parse(node, line)
-                if sign is not None and sign.action in BREAKING:
-                    self.signs.put(sign)
+                if sign is None or sign.action not in BREAKING:
+                    continue
+                if sign.action in MANUAL:
+                    self.manual.add(sign.container)
+                elif sign.container in self.manual:
+                    sign = dataclasses.replace(sign, manual=True)
+                self.signs.put(sign)
             process.wait()
             if self.closed.is_set():
                 return

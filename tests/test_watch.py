@@ -3,6 +3,7 @@ FAKE that replays a script of check results; time is a fake clock that sleeping 
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,8 @@ def test_docker_mends_an_exit_and_a_lost_engine_but_not_a_kill_a_removal_or_bad_
     assert not events.heals(signs_of(*KILLED))
     assert not events.heals(signs_of(4))  # destroy
     assert not events.heals([Sign("spark2", "serve", "health_status: unhealthy", "x")])
+    # A `docker stop`'s die, in a later batch than its kill (SIGTERM): the follower marks it.
+    assert not events.heals([Sign("spark2", "serve", "die", "x", 0, manual=True)])
     assert not events.heals([])
 
 
@@ -250,3 +253,30 @@ def test_a_sign_the_group_shrugged_off_changes_nothing() -> None:
     _, lines, _ = run(group, POLICY)
     assert "watch: the group serves; nothing to do" in lines
     assert "recreate" not in group.calls
+
+
+def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path: Path) -> None:
+    """The follower over a FAKE `docker` (a script replaying two real event lines, a second
+    apart, as a `docker stop` spreads its kill and die): the die comes marked, so watch does not
+    wait for Docker to start a container it never will."""
+    captured = (Path(__file__).parent / "fixtures" / "docker-events-20.10.jsonl").read_text()
+    kill, die = captured.splitlines()[2:4]
+    (tmp_path / "kill").write_text(kill + "\n")
+    (tmp_path / "die").write_text(die + "\n")
+    docker = tmp_path / "docker"
+    docker.write_text(f"#!/bin/sh\ncat {tmp_path}/kill\nsleep 1\ncat {tmp_path}/die\nexec sleep 30\n")
+    docker.chmod(0o755)
+    node = types.SimpleNamespace(name="spark2")
+    fleet = types.SimpleNamespace(
+        cluster=types.SimpleNamespace(name="evtest", nodes=[node]),
+        docker={
+            "spark2": types.SimpleNamespace(
+                client_config=types.SimpleNamespace(docker_cmd=[docker])
+            )
+        },
+    )
+    with events.Follower(fleet) as follower:  # type: ignore[arg-type]
+        first, second = follower.next(10), follower.next(10)
+    assert [(s.action, s.manual) for s in first] == [("kill", False)]
+    assert [(s.action, s.manual) for s in second] == [("die", True)]
+    assert not events.heals(second)
