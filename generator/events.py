@@ -17,6 +17,7 @@ import queue
 import subprocess
 import threading
 import time
+from typing import IO
 
 from generator.fleet import SERVICE, Fleet
 
@@ -113,8 +114,12 @@ class Follower:
         self.manual: set[str] = set()
 
     def __enter__(self) -> Follower:
-        for node in self.fleet.cluster.nodes:
-            threading.Thread(target=self._follow, args=(node.name,), daemon=True).start()
+        self.threads = [
+            threading.Thread(target=self._follow, args=(node.name,), daemon=True)
+            for node in self.fleet.cluster.nodes
+        ]
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -122,8 +127,8 @@ class Follower:
         with self.lock:
             for process in self.processes.values():
                 process.terminate()
-            for process in self.processes.values():
-                process.wait()
+        for thread in self.threads:
+            thread.join(timeout=5)
 
     def next(self, timeout: float) -> list[Sign]:
         """The signs that arrive within `timeout` s: the first, and what follows it within
@@ -164,15 +169,8 @@ class Follower:
                 )
                 self.processes[node] = process
             assert process.stdout is not None
-            for line in process.stdout:
-                sign = parse(node, line)
-                if sign is None or sign.action not in BREAKING:
-                    continue
-                if sign.action in MANUAL:
-                    self.manual.add(sign.container)
-                elif sign.container in self.manual:
-                    sign = dataclasses.replace(sign, manual=True)
-                self.signs.put(sign)
+            with process.stdout:
+                self._read(node, process.stdout)
             process.wait()
             if self.closed.is_set():
                 return
@@ -181,3 +179,14 @@ class Follower:
             if time.monotonic() - started > RESTART:
                 self.signs.put(Sign(node, "", "gone"))
             self.closed.wait(RESTART)
+
+    def _read(self, node: str, stream: IO[str]) -> None:
+        for line in stream:
+            sign = parse(node, line)
+            if sign is None or sign.action not in BREAKING:
+                continue
+            if sign.action in MANUAL:
+                self.manual.add(sign.container)
+            elif sign.container in self.manual:
+                sign = dataclasses.replace(sign, manual=True)
+            self.signs.put(sign)
