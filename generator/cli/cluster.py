@@ -113,7 +113,8 @@ def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
         err.print(f"{time.strftime('%H:%M:%S')} {line}")
 
     report(
-        f"watch: checking every {policy.interval:g} s (canary deadline {policy.deadline:g} s);"
+        f"watch: following every node's container events, checking every {policy.interval:g} s"
+        f" (canary deadline {policy.deadline:g} s);"
         f" Ctrl-C stops watching and leaves the group as it is"
     )
     # Ctrl-C always stops watch: a process started with SIGINT ignored (a shell's background job,
