@@ -106,7 +106,7 @@ BROKEN = [
         BASE + "colour: red\n",
         [
             "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
-            " nodes, model, vllm, ray, group, canary, env, metrics, secrets)"
+            " nodes, model, vllm, ray, group, canary, gpu_temperature_limit, env, metrics, secrets)"
         ],
     ),
     (
