@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -423,38 +421,6 @@ def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed
 ) -> None:
     bed, tmp = pair
     watched_recovery(bed, config(tmp, bed, "rayw", "ray", VLLM_RAY), "rayw", "ray")
-
-
-def test_a_crashed_workers_ray_is_healed_by_docker_and_the_supervisors_under_load(
-    pair: Pair,
-) -> None:
-    """The worker's Ray container's first process dies as a crash would (killed from outside its
-    container, not through the engine): Docker starts it again, Ray joins, the head's serve
-    supervisor starts vLLM again with the group. watch, at its defaults, names it, waits, and
-    says Docker and the supervisors healed it; it recreates nothing, and clients are answered
-    again."""
-    bed, tmp = pair
-    worker = bed.nodes[1]
-    path = config(tmp, bed, "crashray", "ray", VLLM_RAY)
-    assert cli("up", path, cwd=tmp).returncode == 0
-    watcher = clusters.Background("watch", path, cwd=tmp)
-    try:
-        watcher.wait_for("watch: ok", 120)
-        time.sleep(1)
-        ray = clusters.containers(worker, "crashray")["ray"]
-        with under_load(path) as load:
-            assert ray.state.pid  # its first process, as this machine sees it: the test's own
-            os.kill(ray.state.pid, signal.SIGKILL)
-            named = watcher.wait_for("spark2: ray exited (exit 137)", 60)
-            assert "through its engine" not in named
-            watcher.wait_for("the group's supervisors re-form the group; waiting up to 120 s", 10)
-            watcher.wait_for("watch: healed by Docker and the supervisors in", 300)
-            answered_again(load, time.monotonic())
-    finally:
-        stopped = watcher.interrupt()
-    assert stopped == 130, watcher.output
-    assert "recreat" not in watcher.output
-    assert clusters.containers(worker, "crashray")["ray"].id == ray.id  # started again, not anew
 
 
 HOLD = """

@@ -264,7 +264,9 @@ def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path:
     (tmp_path / "kill").write_text(kill + "\n")
     (tmp_path / "die").write_text(die + "\n")
     docker = tmp_path / "docker"
-    docker.write_text(f"#!/bin/sh\ncat {tmp_path}/kill\nsleep 1\ncat {tmp_path}/die\nexec sleep 30\n")
+    docker.write_text(
+        f"#!/bin/sh\ncat {tmp_path}/kill\nsleep 1\ncat {tmp_path}/die\nexec sleep 30\n"
+    )
     docker.chmod(0o755)
     node = types.SimpleNamespace(name="spark2")
     fleet = types.SimpleNamespace(
