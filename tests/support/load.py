@@ -41,29 +41,31 @@ class Load:
             streamed = (client + sent) % 2 == 0
             start = time.monotonic()
             try:
-                ok, error = self._send(streamed), ""
-            except (OSError, ValueError) as e:
-                ok, error = False, str(e)[:200]
+                error = self._send(streamed)
+            except (OSError, ValueError, KeyError) as e:
+                error = str(e)[:200] or type(e).__name__
+            ok = not error
             self.done.append(Request(start, time.monotonic(), ok, streamed, error))
             sent += 1
             if not ok:
                 time.sleep(0.2)  # a refused connection must not spin
 
-    def _send(self, streamed: bool) -> bool:
+    def _send(self, streamed: bool) -> str:
+        """'' when answered; else what the client saw."""
         body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}],
                 "max_tokens": 8, "stream": streamed}  # fmt: skip
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
         request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
             if not streamed:
-                return bool(json.load(response)["choices"])
+                return "" if json.load(response)["choices"] else "an answer with no choices"
             for raw in response:
                 line = raw.decode().strip()
                 if line == "data: [DONE]":
-                    return True
+                    return ""
                 if line.startswith("data: ") and '"error"' in line:
-                    return False
-        return False  # a stream that ended without [DONE]
+                    return f"an error in the stream: {line[6:200]}"
+        return "the stream ended without [DONE]"
 
     @contextlib.contextmanager
     def running(self, clients: int) -> Iterator[Load]:
