@@ -78,9 +78,14 @@ class Testbed:
         bed = cls(prefix)
         STATE.mkdir(parents=True, exist_ok=True)
         if (STATE / "testbed.json").exists():
-            raise RuntimeError(
-                f"a testbed is already up ({STATE}/testbed.json); run: python -m tests.support.testbed down"
-            )
+            left = cls.load()
+            if left.alive():
+                raise RuntimeError(
+                    f"a testbed is already up ({STATE}/testbed.json);"
+                    " run: python -m tests.support.testbed down"
+                )
+            print(f"tearing down testbed {left.prefix}: left by a run that ended", flush=True)
+            left.destroy()
         try:
             bed._bridge_up()
             for i in range(count):
@@ -170,6 +175,16 @@ class Testbed:
     def _save(self) -> None:
         data = {"prefix": self.prefix, "nodes": [asdict(n) for n in self.nodes]}
         (STATE / "testbed.json").write_text(json.dumps(data, indent=2))
+
+    def alive(self) -> bool:
+        """Whether any node's engine still runs (a machine restart or a killed run leaves the
+        state file, the namespaces and the bridge, but no engine)."""
+        for node in self.nodes:
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(Path(node.pidfile).read_text())
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd":
+                    return True
+        return False
 
     @classmethod
     def load(cls) -> Testbed:
@@ -467,7 +482,7 @@ def running(count: int) -> Iterator[Testbed]:
 @contextlib.contextmanager
 def borrowed(count: int) -> Iterator[Testbed]:
     """The testbed that is up (left up after), else one of `count` nodes made for the block."""
-    if (STATE / "testbed.json").exists():
+    if (STATE / "testbed.json").exists() and Testbed.load().alive():
         yield Testbed.load()
         return
     with running(count) as bed:
