@@ -3,14 +3,15 @@ defaults (no options, as the README runs it), and a bounded load of 4 clients, h
 requests streamed, running through each fault in turn; the cold `up` of the same run is the
 yardstick.
 
-    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefgh]
+    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi]
 
 Faults: a. the worker's process crashes (its container's first process killed from outside
 the engine: Docker starts the container again); b. the worker's serve (native) or Ray (ray)
 container killed with `docker kill`; c. the head's serve container killed; d. the worker's
 power cut (engine and containers killed, then the engine started); e. both nodes' power cut;
 f. the link between the nodes down for 20 s; g. `upgrade` to a changed config (an added
-variable; watch stopped meanwhile, as two controllers must not act at once); h. `rollback`.
+variable; watch stopped meanwhile, as two controllers must not act at once); h. `rollback`;
+i. the worker's rank hung (its processes stopped with SIGSTOP; container and supervisor stay).
 
 Per fault: time to detection (the fault to watch's first line about it), the outage clients
 saw (their first failed request to the next one answered), failed requests (streamed and not),
@@ -50,6 +51,7 @@ CLIENTS = 4
 FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
 LINK_CUT = 20
 GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
+GOALS["i"] = 1.0  # no goal set for a hang; the canary alone waits group.hang_after (60 s)
 
 
 class Watcher:
@@ -173,6 +175,38 @@ def power_both(bed: Testbed, config: Path, backend: str) -> None:
         bed.start_engine(node)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (host PIDs, from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def hang_worker(bed: Testbed, config: Path, backend: str) -> None:
+    """The worker's rank stops (SIGSTOP) while its container, supervisor and Ray stay: no event,
+    no exit, and the head's completions hang in a collective."""
+    service = "ray" if backend == "ray" else "serve"
+    init = clusters.containers(bed.nodes[1], "chaos")[service].state.pid
+    assert init, "the container is not running"
+    stopped = 0
+    for pid in _descendants(init):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            rank = cmd.startswith("ray::") if backend == "ray" else "vllm-compose-health" not in cmd
+            if rank:
+                os.kill(pid, signal.SIGSTOP)  # a process of a container this run started
+                stopped += 1
+    assert stopped, "no rank process found to hang"
+
+
 def link_cut(bed: Testbed, config: Path, backend: str) -> None:
     bed.link_down(bed.nodes[1])
     time.sleep(LINK_CUT)
@@ -186,6 +220,7 @@ FAULTS: dict[str, tuple[str, Fault]] = {
     "d": ("d. worker's power cut", power_worker),
     "e": ("e. both nodes' power cut", power_both),
     "f": (f"f. link cut {LINK_CUT} s", link_cut),
+    "i": ("i. worker's rank hung", hang_worker),
 }
 RELEASES = {"g": "g. upgrade", "h": "h. rollback"}
 
@@ -257,7 +292,7 @@ def _row(f: Figure, cold: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos")
     parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
-    parser.add_argument("--faults", default="abcdefgh")
+    parser.add_argument("--faults", default="abcdefigh")
     args = parser.parse_args()
     backends = ["native", "ray"] if args.backend == "both" else [args.backend]
     root = DockerClient()

@@ -196,6 +196,14 @@ class Group(Strict):
         le=600,
         description="Seconds a node may not answer before the others leave the group to re-form.",
     )
+    hang_after: int = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        description="Seconds the head's serve may leave its own one-token completion unanswered, "
+        "while vLLM counts no token, before the group re-forms (a hung rank; armed by the first "
+        "answer after each start; 0: never).",
+    )
 
 
 class Canary(Strict):

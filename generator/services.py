@@ -133,6 +133,7 @@ def _serve(stack: NodeStack) -> Service:
             "RAY_ADDRESS": stack.gcs_address,
             "RAY_DEDUP_LOGS": "0",
             **group(stack, members=True),
+            **canary(stack),
         },
         secrets=list(stack.secrets),
         configs=stack.config_targets,
@@ -153,7 +154,7 @@ def _native_serve(stack: NodeStack) -> Service:
             "serve",
             [*cmd, *c.vllm.args],
             _serve_health(stack),
-            environment=env,
+            environment={**env, **canary(stack)},
             secrets=secrets,
         )
     # A headless rank has no API to probe; the head's completion gate proves it works.
@@ -186,6 +187,14 @@ def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict
     if stack.is_head and members and c.workers:
         env["VLLM_COMPOSE_GROUP_MEMBERS"] = ",".join(at(n) for n in c.workers)
     return env
+
+
+def canary(stack: NodeStack) -> dict[str, str]:
+    """The head serve's own check for a hung rank (image/group.py's Canary), when it is on."""
+    c = stack.cluster
+    if not c.group.hang_after:
+        return {}
+    return {"VLLM_COMPOSE_CANARY": f"{c.group.hang_after} {c.vllm.port} {c.served_model_name}"}
 
 
 def _vllm_serve(stack: NodeStack) -> list[str]:

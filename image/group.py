@@ -14,7 +14,10 @@ command under `supervise`, which keeps it in step with the group:
 - while it runs, a root or member that restarted, or that did not answer for `grace` seconds,
   breaks the group: the command is stopped and started again behind the same waits;
 - a command that exits by itself is started again after a back-off that doubles from 5 s to 60 s
-  (reset after 5 minutes of running), said in one line that `up` reads as the start's failure.
+  (reset after 5 minutes of running), said in one line that `up` reads as the start's failure;
+- the head's serve also runs a canary (a one-token completion, `canary`): once it has answered
+  after a start, failing for `canary.limit` seconds breaks the group. A hung rank emits no event
+  and exits nothing; this way the nodes re-form the group by themselves, with no controller.
 
 The container restarts only with its node (the Compose restart policy), so a serve that shares
 its Ray container's process namespace never loses it to a restart of Ray.
@@ -32,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from canary import Canary
 
 POLL = 1.0  # seconds between looks at the root and members while the command runs
 FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
@@ -61,6 +66,7 @@ class Member:
     members: list[tuple[str, int]]
     grace: float
     wait_for: tuple[str, int] | None = None
+    canary: Canary | None = None
     incarnation: str = ""
     joined: str = ""  # the root's incarnation this member follows (its own, for the root)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -226,8 +232,10 @@ def _supervise(
 ) -> str:
     """Watch the group while the command runs: why it broke, or '' when the command ended."""
     silent: dict[str, float] = {}
+    if member.canary:
+        member.canary.restart()
     while proc.poll() is None and not member.stopping.is_set():
-        why = broken(member, seen, silent)
+        why = broken(member, seen, silent) or (member.canary.verdict() if member.canary else "")
         if why:
             return why
         try:

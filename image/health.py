@@ -54,6 +54,7 @@ from collections.abc import Callable
 LIB = "/usr/local/lib/vllm-compose"
 sys.path.insert(1, LIB)
 
+from canary import Canary  # noqa: E402
 from facts import facts  # noqa: E402
 from gpus import meminfo, report  # noqa: E402
 from group import from_environment, run  # noqa: E402
@@ -114,11 +115,12 @@ LOAD = {
 }
 
 
-def print_load(args: argparse.Namespace) -> str | None:
-    """What vLLM is doing now, from its /metrics (no API key: vLLM serves it without one)."""
-    url = f"http://127.0.0.1:{args.port}/metrics"
+def load(port: int, timeout: float = 10) -> dict[str, float] | str:
+    """What vLLM is doing now, from its /metrics (no API key: vLLM serves it without one); a
+    string says why it could not be read."""
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             text = response.read().decode(errors="replace")
     except (OSError, urllib.error.URLError) as e:
         return f"{url} failed: {e}"
@@ -128,8 +130,33 @@ def print_load(args: argparse.Namespace) -> str | None:
         if name in LOAD:
             key, value = LOAD[name], float(rest.rsplit(" ", 1)[-1])
             found[key] = max(found[key], value) if key == "kv_cache" else found[key] + value
+    return found
+
+
+def print_load(args: argparse.Namespace) -> str | None:
+    found = load(args.port)
+    if isinstance(found, str):
+        return found
     print(json.dumps(found, sort_keys=True))
     return None
+
+
+def canary_check(port: int, model: str, timeout: float) -> Callable[[], str | None]:
+    """The head serve's canary (group.py): a one-token completion answered, or tokens counted
+    by vLLM since the last look (a queue full of real work delays the completion; a hung rank
+    stops both)."""
+    args = argparse.Namespace(port=port, model=model, prompt=None, timeout=timeout)
+    seen: list[float] = []
+
+    def check() -> str | None:
+        problem = check_serve(args)
+        now = load(port, timeout)
+        tokens = now["tokens"] + now["prompt_tokens"] if isinstance(now, dict) else None
+        moved = tokens is not None and bool(seen) and tokens > seen[-1]
+        seen[:] = [tokens] if tokens is not None else []
+        return None if problem is None or moved else problem
+
+    return check
 
 
 def drop_caches(_: argparse.Namespace) -> str | None:
@@ -194,6 +221,11 @@ def supervise(args: argparse.Namespace) -> str | None:
     member = from_environment()
     if not command or member is None:
         return "supervise needs a command, and VLLM_COMPOSE_GROUP_LISTEN or _ROOT in the env"
+    canary = os.environ.get("VLLM_COMPOSE_CANARY")  # "SECONDS PORT MODEL", on the head's serve
+    if canary:
+        limit, port, model = canary.split(" ", 2)
+        check = canary_check(int(port), model, timeout=min(float(limit), 30))
+        member.canary = Canary(check, limit=float(limit))
     sys.exit(run(member, command))
 
 

@@ -172,3 +172,86 @@ def test_a_port_taken_by_another_process_is_said_and_the_supervisor_exits(
     assert (
         f"cannot listen on 127.0.0.1:{PORT} (the config's group.port)" in taken.output.read_text()
     )
+
+
+class Served:
+    """A stand-in for the head serve's API (only what the canary asks: a completion and
+    /metrics), from a thread on loopback. `answering` cleared: completions get no answer (held
+    past the canary's timeout); `counting` cleared: vLLM's token counter stands still."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        served = self
+        self.answering, self.counting = threading.Event(), threading.Event()
+        self.answering.set()
+        self.counting.set()
+        self.tokens = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # a completion
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if not served.answering.is_set():
+                    time.sleep(4)  # past the canary's timeout: no answer
+                    return
+                self._send(b'{"choices": [{"text": "pong"}]}')
+
+            def do_GET(self) -> None:  # /metrics
+                served.tokens += served.counting.is_set()
+                self._send(f"vllm:generation_tokens_total {served.tokens}.0\n".encode())
+
+            def _send(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def hang(self) -> None:
+        self.answering.clear()
+        self.counting.clear()
+
+
+def test_a_hung_api_breaks_the_group_after_the_canarys_limit_and_only_once_it_answered(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    api = Served()
+    head = Supervised(tmp_path, "head", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}",
+                                         "VLLM_COMPOSE_CANARY": f"2 {api.port} tiny"})  # fmt: skip
+    started.append(head)
+    eventually(lambda: head.count() == 1)
+    time.sleep(7)  # answering: the canary is armed, and nothing breaks
+    assert head.count() == 1, head.output.read_text()
+    api.hang()  # a rank hangs: no completion comes back, vLLM counts no token
+    eventually(lambda: head.count() == 2, 30)
+    said = head.output.read_text()
+    assert "the group broke: its canary failed for 2 s (" in said, said
+    time.sleep(12)  # hung from the new start on: never armed, so it waits, as a model load would
+    assert head.count() == 2, head.output.read_text()
+    api.close()
+
+
+def test_the_canary_counts_a_server_busy_with_real_work_as_alive() -> None:
+    import health
+
+    api = Served()
+    check = health.canary_check(api.port, "tiny", timeout=1)
+    assert check() is None
+    api.answering.clear()  # the completion waits in a full queue, but tokens are counted
+    assert check() is None
+    api.counting.clear()
+    problem = check()
+    assert problem is not None and "timed out" in problem, problem
+    api.answering.set()
+    api.close()
