@@ -3,7 +3,7 @@ defaults (no options, as the README runs it), and a bounded load of 4 clients, h
 requests streamed, running through each fault in turn; the cold `up` of the same run is the
 yardstick.
 
-    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi]
+    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi] [--soak MINUTES]
 
 Faults: a. the worker's process crashes (its container's first process killed from outside
 the engine: Docker starts the container again); b. the worker's serve (native) or Ray (ray)
@@ -227,6 +227,23 @@ RELEASES = {"g": "g. upgrade", "h": "h. rollback"}
 
 def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[float, list[Figure]]:
     head, worker = bed.nodes[:2]
+    config, cold = cold_up(bed, backend, image)
+    figures = []
+    load = Load(f"http://{head.ip}:{PORT}/v1/chat/completions", clusters.api_key(config), MODEL)
+    with load.running(CLIENTS):
+        for key in faults:
+            figures.append(_fault(bed, config, backend, key, load))
+            print(f"{backend}: {_row(figures[-1], cold)}", flush=True)
+    tool("down", config)
+    left = clusters.leftovers(head, "chaos") + clusters.leftovers(worker, "chaos")
+    print(f"{backend}: left behind after down: {left or 'nothing'}", flush=True)
+    return cold, figures
+
+
+def cold_up(bed: Testbed, backend: str, image: str) -> tuple[Path, float]:
+    """The run's config (TP=2 over the first two nodes), and its cold `up` in seconds (up to the
+    first completion), the wrapper image built on both nodes beforehand (not timed)."""
+    head, worker = bed.nodes[:2]
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir()
     share = " gpu_memory_utilization: 0.1," if backend == "ray" else ""
@@ -241,16 +258,7 @@ def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[fl
     serving(str(head.ip), clusters.api_key(config))
     cold = time.monotonic() - start
     print(f"{backend}: cold up {cold:.1f} s", flush=True)
-    figures = []
-    load = Load(f"http://{head.ip}:{PORT}/v1/chat/completions", clusters.api_key(config), MODEL)
-    with load.running(CLIENTS):
-        for key in faults:
-            figures.append(_fault(bed, config, backend, key, load))
-            print(f"{backend}: {_row(figures[-1], cold)}", flush=True)
-    tool("down", config)
-    left = clusters.leftovers(head, "chaos") + clusters.leftovers(worker, "chaos")
-    print(f"{backend}: left behind after down: {left or 'nothing'}", flush=True)
-    return cold, figures
+    return config, cold
 
 
 def _fault(bed: Testbed, config: Path, backend: str, key: str, load: Load) -> Figure:
@@ -293,6 +301,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos")
     parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
     parser.add_argument("--faults", default="abcdefigh")
+    soak_help = "instead: a soak, a fault every 5 minutes (30 for the figure)"
+    parser.add_argument("--soak", type=float, metavar="MINUTES", help=soak_help)
     args = parser.parse_args()
     backends = ["native", "ray"] if args.backend == "both" else [args.backend]
     root = DockerClient()
@@ -303,6 +313,12 @@ def main() -> None:
         bed.load_image(image, nodes=bed.nodes[:2])
         for node in bed.nodes[:2]:
             shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        if args.soak:
+            from benchmarks.soak import report, soak
+
+            soaked = {b: soak(bed, b, args.soak, image) for b in backends}
+            print("\n".join(line for b, s in soaked.items() for line in report(b, s)))
+            return
         for backend in backends:
             results[backend] = one_backend(bed, backend, args.faults, image)
     print()
