@@ -115,3 +115,23 @@ def test_a_path_with_brackets_is_printed_as_written_never_read_as_markup(tmp_pat
     result = run("render", str(config), "-o", "out[/]x", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "   create  out[/]x/spark-1/compose.yaml" in result.stdout.splitlines()
+
+
+def test_every_numeric_option_is_bounded_and_refused_before_anything_is_read() -> None:
+    """A missing config: were the command to start, it would say it cannot read the config;
+    each of these is refused by its option's range first (exit 2, the option named)."""
+    cases = [
+        ("watch", "--interval", "0"), ("watch", "--interval", "nan"),
+        ("watch", "--interval", "inf"), ("watch", "--deadline", "inf"),
+        ("watch", "--deadline", "nan"), ("watch", "--heal", "nan"), ("watch", "--backoff", "-1"),
+        ("watch", "--failures", "0"), ("watch", "--max-recoveries", "-1"),
+        ("up", "--join-timeout", "-1"), ("up", "--serve-timeout", "0"), ("up", "--interval", "inf"),
+        ("top", "--interval", "0"), ("top", "--interval", "-1"), ("top", "--interval", "nan"),
+        ("bench", "--concurrency", "-2"), ("bench", "--prompts", "0"),
+        ("bench", "--input-len", "99999999999"),
+    ]  # fmt: skip
+    for command, option, value in cases:
+        refused = run(command, "missing.yaml", option, value)
+        assert refused.returncode == 2, (command, option, value, refused.stderr)
+        assert f"Invalid value for '{option}'" in refused.stderr, refused.stderr
+        assert "cannot read" not in refused.stderr

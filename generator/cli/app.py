@@ -36,23 +36,30 @@ OutdirOpt = Annotated[
     Path | None, typer.Option("-o", "--output", help="Compose folders \\[default: compose/NAME].")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-IntervalOpt = Annotated[float, typer.Option(min=1, help="watch: seconds between checks.")]
+
+
+HOUR = 3600
+IntervalOpt = Annotated[float, typer.Option(min=1, max=HOUR, help="watch: seconds between checks.")]
 DeadlineOpt = Annotated[
-    float, typer.Option(min=1, help="watch: seconds the canary completion may take.")
+    float,
+    typer.Option(min=1, max=HOUR, help="watch: seconds the canary completion may take."),
 ]
 FailuresOpt = Annotated[
-    int, typer.Option(min=1, help="watch: failed checks in a row before a recovery.")
+    int, typer.Option(min=1, max=100, help="watch: failed checks in a row before a recovery.")
 ]
 RecoveriesOpt = Annotated[
     int,
     typer.Option(
-        min=0, help="watch: recoveries in a row before taking the group down and stopping."
+        min=0,
+        max=100,
+        help="watch: recoveries in a row before taking the group down and stopping.",
     ),
 ]
 BackoffOpt = Annotated[
     float,
     typer.Option(
         min=0,
+        max=HOUR,
         help="watch: seconds before a second recovery in a row (the first starts at once); "
         "doubles up to 300.",
     ),
@@ -61,6 +68,7 @@ HealOpt = Annotated[
     float,
     typer.Option(
         min=0,
+        max=HOUR,
         help="watch: seconds a container that Docker starts again may take to serve again, "
         "with its group, before the group is recreated.",
     ),

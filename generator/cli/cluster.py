@@ -21,6 +21,7 @@ from generator import top as top_view
 from generator import watch as watching
 from generator.cli.app import (
     DEFAULT,
+    HOUR,
     BackoffOpt,
     ConfigArg,
     DeadlineOpt,
@@ -56,9 +57,14 @@ AndWatchOpt = Annotated[
 def up(
     path: ConfigArg,
     outdir: OutdirOpt = None,
-    join_timeout: Annotated[int, typer.Option(help="Seconds for the workers to join Ray.")] = 300,
+    join_timeout: Annotated[
+        int, typer.Option(min=1, max=24 * HOUR, help="Seconds for the workers to join Ray.")
+    ] = 300,
     serve_timeout: Annotated[
-        int | None, typer.Option(help="Seconds for serve's gate \\[default: vllm.startup_timeout].")
+        int | None,
+        typer.Option(
+            min=1, max=24 * HOUR, help="Seconds for serve's gate \\[default: vllm.startup_timeout]."
+        ),
     ] = None,
     skip_preflight: SkipPreflightOpt = False,
     update_lock: UpdateLockOpt = False,
@@ -244,7 +250,7 @@ def top(
     outdir: OutdirOpt = None,
     once: Annotated[bool, typer.Option("--once", help="One view, then exit.")] = False,
     as_json: JsonOpt = False,
-    interval: Annotated[float, typer.Option(help="Seconds between views.")] = 2,
+    interval: Annotated[float, typer.Option(min=0.5, max=HOUR, help="Seconds between views.")] = 2,
 ) -> None:
     """A live view, one row per node: its containers and their health, CPU and memory, GPUs; and
     the endpoint's requests running and waiting, KV-cache use, prompt and generated tokens per

@@ -23,11 +23,18 @@ def bench(
     path: ConfigArg,
     outdir: OutdirOpt = None,
     concurrency: Annotated[
-        list[int] | None, typer.Option(help="A concurrency to run; repeat it \\[default: 1 4 16].")
+        list[int] | None,
+        typer.Option(min=1, max=4096, help="A concurrency to run; repeat it \\[default: 1 4 16]."),
     ] = None,
-    prompts: Annotated[int, typer.Option(min=1, help="Requests per concurrency.")] = 32,
-    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per request.")] = 256,
-    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens per request.")] = 128,
+    prompts: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Requests per concurrency.")
+    ] = 32,
+    input_len: Annotated[
+        int, typer.Option(min=1, max=10_000_000, help="Prompt tokens per request.")
+    ] = 256,
+    output_len: Annotated[
+        int, typer.Option(min=1, max=10_000_000, help="Generated tokens per request.")
+    ] = 128,
     compare: Annotated[
         bool, typer.Option("--compare", help="Against the latest run under the lock before.")
     ] = False,
