@@ -2,6 +2,7 @@
 
 VllmComposeError            one line, plus an optional hint; cli.main() prints it and exits
 ├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
+├── SecretFileError         a secret file the config names is unusable (exit 2, never shown)
 ├── OutputError             a rendered file could not be written
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
@@ -42,6 +43,10 @@ class ConfigError(VllmComposeError):
 
     def lines(self) -> list[str]:
         return [self.message] + [f"  {problem}" for problem in self.problems]
+
+
+class SecretFileError(VllmComposeError):
+    exit_code = 2
 
 
 class OutputError(VllmComposeError):

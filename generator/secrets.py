@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import secrets as random_secrets
+import stat
 import subprocess
 import tarfile
 import time
@@ -21,7 +22,7 @@ from python_on_whales import DockerClient, DockerException
 from python_on_whales.utils import run
 
 from generator.config import Cluster
-from generator.errors import DockerError, VllmComposeError
+from generator.errors import DockerError, SecretFileError
 from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_names
 
 
@@ -47,7 +48,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
         if path.exists():
             found.files[name] = path
         elif given or name == "hf_token":
-            raise VllmComposeError(
+            raise SecretFileError(
                 f"secrets.{name}_file: {path} does not exist",
                 "write it there (one line), or drop the setting to have one generated",
             )
@@ -57,6 +58,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
             found.missing[name] = path
     for name, path in found.files.items():
         _usable(name, path)
+    _distinct(found.files)
     return found
 
 
@@ -72,20 +74,56 @@ def _generate(path: Path) -> Path:
     return path
 
 
+MAX_BYTES = 4096
+SYSTEM = ("/proc", "/sys", "/dev")
+
+
 def _usable(name: str, path: Path) -> None:
-    """Readable by its owner alone, and not empty: an empty API key turns authentication off."""
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise VllmComposeError(
-            f"{path} can be read by other users (mode {mode:o})", f"chmod 600 {path}"
-        )
-    if not path.read_text(encoding="utf-8").strip():
+    """One rule for every secret file, checked before it is opened (a FIFO or a device is never
+    read): a regular file outside /proc, /sys and /dev, of at most 4 KiB, readable by its owner
+    alone, holding one line of printable ASCII with no surrounding whitespace (a final newline
+    allowed). Its contents are never shown."""
+    field = f"secrets.{name}_file: {path}"
+    real = path.resolve()
+    system = [top for top in SYSTEM if real == Path(top) or Path(top) in real.parents]
+    if system:
+        raise SecretFileError(f"{field} is under {system[0]}, not a file of yours",
+                              "write the secret into a file of its own")  # fmt: skip
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise SecretFileError(f"{field} is not a regular file", "write the secret into a file")
+    if info.st_mode & 0o077:
+        mode = info.st_mode & 0o777
+        raise SecretFileError(f"{field} can be read by other users (mode {mode:o})",
+                              f"chmod 600 {path}")  # fmt: skip
+    if info.st_size > MAX_BYTES:
+        raise SecretFileError(f"{field} holds {info.st_size} bytes, over {MAX_BYTES}",
+                              "a secret is one line")  # fmt: skip
+    line = path.read_bytes()
+    line = line[:-1] if line.endswith(b"\n") else line
+    if not line:
         what = (
             "serving would take requests from anyone" if name == "api_key" else "it holds nothing"
         )
-        raise VllmComposeError(
-            f"secrets.{name}_file: {path} is empty: {what}", f"write it into {path}"
+        raise SecretFileError(f"{field} is empty: {what}", f"write it into {path}")
+    if any(b < 0x20 or b > 0x7E for b in line) or line != line.strip():
+        raise SecretFileError(
+            f"{field} is not one line of printable ASCII (a second line, a CR, a NUL, a byte over"
+            " 0x7e, or a space at either end)",
+            "write the secret alone on one line",
         )
+
+
+def _distinct(files: dict[str, Path]) -> None:
+    """Each secret its own file: one file for both the API key and Ray's token would hand every
+    API client the key to Ray's ports."""
+    seen: dict[tuple[int, int], str] = {}
+    for name, path in files.items():
+        info = path.stat()
+        other = seen.setdefault((info.st_dev, info.st_ino), name)
+        if other != name:
+            raise SecretFileError(f"secrets.{name}_file: {path} is also secrets.{other}_file",
+                                  "give each secret a file of its own")  # fmt: skip
 
 
 def unignored(paths: list[Path]) -> list[Path]:

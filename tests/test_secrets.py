@@ -4,13 +4,16 @@ that carries them onto a node."""
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from generator import config, secrets
-from generator.errors import VllmComposeError
+from generator.errors import SecretFileError, VllmComposeError
 from tests.test_config import BASE
 
 
@@ -63,7 +66,7 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
 
 
 def test_an_empty_api_key_file_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "c.api-key").write_text(" \n")
+    (tmp_path / "c.api-key").write_text("\n")
     (tmp_path / "c.api-key").chmod(0o600)
     with pytest.raises(VllmComposeError) as refused:
         secrets.local(tmp_path / "c.yaml", config.parse(BASE))
@@ -95,3 +98,93 @@ def test_the_archive_a_node_reads_its_secrets_from_holds_each_file_0600_owned_by
         ".api-key.1f": (0o600, 0, 0, b"key\n"),
         ".ray-token.2e": (0o600, 0, 0, b"token"),
     }
+
+
+def key_file(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "c.api-key"
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def assert_not_shown(data: bytes, said: str) -> None:
+    """The file's contents are never in the error (long enough to tell from the message's own
+    words)."""
+    contents = data.decode("latin-1").strip()
+    assert len(contents) < 6 or contents[:40] not in said, said
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"key\r\n", b" key", b"key ", b"k\x00ey", b"line1\nline2", "k\u00e9y".encode(),
+     b"\xff\xfe", b"k" * 5000, b"key\n\n", b"\t"],
+    ids=["crlf", "leading-space", "trailing-space", "nul", "two-lines", "non-ascii",
+         "not-utf8", "5000-bytes", "blank-second-line", "tab"],
+)  # fmt: skip
+def test_a_secret_is_one_line_of_printable_ascii_or_refused_with_exit_2(
+    tmp_path: Path, data: bytes
+) -> None:
+    key_file(tmp_path, data)
+    with pytest.raises(SecretFileError) as refused:
+        secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
+    assert refused.value.exit_code == 2
+    said = "\n".join(refused.value.lines())
+    assert "secrets.api_key_file: " in said
+    assert_not_shown(data, said)
+
+
+def test_a_final_newline_is_allowed(tmp_path: Path) -> None:
+    for data in (b"k" * 40, b"k" * 40 + b"\n", b"a key with inner spaces"):
+        key_file(tmp_path, data)
+        found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
+        assert found.files == {"api_key": tmp_path / "c.api-key"}
+
+
+def test_system_files_fifos_devices_and_folders_are_refused_before_any_read(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "fifo", 0o600)  # a read would hang
+    (tmp_path / "folder").mkdir(mode=0o700)
+    (tmp_path / "environ").symlink_to("/proc/self/environ")
+    cases = {
+        "/proc/self/environ": "is under /proc",
+        "environ": "is under /proc",  # through a link
+        "/dev/zero": "is under /dev",
+        "/sys/kernel/notes": "is under /sys",
+        "fifo": "is not a regular file",
+        "folder": "is not a regular file",
+    }
+    for file, why in cases.items():
+        named = config.parse(BASE + f"backend: native\nsecrets: {{api_key_file: '{file}'}}\n")
+        with pytest.raises(SecretFileError, match=why) as refused:
+            secrets.local(tmp_path / "c.yaml", named)
+        assert refused.value.exit_code == 2
+
+
+def test_one_file_for_two_secrets_is_refused(tmp_path: Path) -> None:
+    key_file(tmp_path, b"k" * 40)
+    both = config.parse(BASE + "secrets: {api_key_file: c.api-key, ray_token_file: c.api-key}\n")
+    with pytest.raises(SecretFileError, match=r"is also secrets\.api_key_file"):
+        secrets.local(tmp_path / "c.yaml", both)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=64))
+def test_any_bytes_are_accepted_exactly_when_they_are_one_printable_line(
+    tmp_path: Path, data: bytes
+) -> None:
+    key_file(tmp_path, data)
+    line = data[:-1] if data.endswith(b"\n") else data
+    wanted = bool(re.fullmatch(rb"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?", line))
+    try:
+        secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
+        accepted = True
+    except SecretFileError as e:
+        accepted = False
+        assert_not_shown(data, "\n".join(e.lines()))
+    assert accepted == wanted, data
