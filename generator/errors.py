@@ -4,6 +4,7 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 ├── ConfigError             the config file is unreadable or invalid (exit 2, nothing written)
 ├── SecretFileError         a secret file the config names is unusable (exit 2, never shown)
 ├── OutputError             a rendered file could not be written
+├── UnsafePath              a path refused before anything is written: a link, a system folder
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
 ├── RolledBack              an upgrade's new group failed; the stack before serves again
@@ -51,6 +52,10 @@ class SecretFileError(VllmComposeError):
 
 class OutputError(VllmComposeError):
     pass
+
+
+class UnsafePath(VllmComposeError):
+    exit_code = 2
 
 
 class RolledBack(VllmComposeError):

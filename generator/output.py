@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from generator.errors import OutputError
+from generator.errors import OutputError, UnsafePath
 from generator.render import File
 
 Action = Literal["create", "identical", "overwrite"]
@@ -33,10 +33,47 @@ class Change:
         return "".join(lines)
 
 
+# Output folders refused: these folders themselves, and anything under the second set.
+SYSTEM = {"/", "/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/run", "/sbin", "/usr", "/var"}
+SYSTEM_TREES = ("/boot", "/dev", "/etc", "/proc", "/sys", "/usr", "/var/lib/docker")
+
+
+def check_folder(outdir: Path) -> None:
+    """Refuse, before anything is written (secrets are generated before the plan: this comes
+    first), an output folder that is a system folder or not a folder, or that holds a link
+    where node folders, their secrets/ and files go."""
+    real = outdir.resolve()
+    if str(real) in SYSTEM or any(real == Path(t) or Path(t) in real.parents for t in SYSTEM_TREES):
+        raise UnsafePath(f"-o {outdir}: {real} is a system folder", "choose a folder of your own")
+    if outdir.exists() and not outdir.is_dir():
+        raise UnsafePath(f"-o {outdir} is not a folder", "choose a folder, or a new name")
+    for top, folders, files in os.walk(outdir):
+        depth = len(Path(top).relative_to(outdir).parts)
+        for name in [*folders, *files]:
+            _no_link(outdir, Path(top) / name)
+        if depth >= 2:  # NODE/secrets/FILE is as deep as the tool writes
+            folders.clear()
+
+
+def _no_link(outdir: Path, path: Path) -> None:
+    """Nothing is written, chmodded or shown through a link inside the output folder: a node
+    folder, its secrets/ or a file that is a link is refused, naming it."""
+    current = outdir
+    for part in path.relative_to(outdir).parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafePath(
+                f"{current} is a link; vllm-compose writes, shows and chmods nothing through one",
+                f"remove the link (rm {current}) or choose another -o",
+            )
+
+
 def plan(files: dict[str, File], outdir: Path) -> list[Change]:
+    check_folder(outdir)
     changes = []
     for rel, file in sorted(files.items()):
         path = outdir / rel
+        _no_link(outdir, path)
         old = _read(path)
         action: Action = (
             "create" if old is None else "identical" if old == file.text else "overwrite"

@@ -44,11 +44,18 @@ class Opened:
         return self.deployment.fleet
 
 
+def folder_for(cluster: config.Cluster, outdir: Path | None) -> Path:
+    """Where the node folders go, refused (before anything is written) when it cannot be."""
+    folder = outdir or Path("compose") / cluster.name
+    output.check_folder(folder)
+    return folder
+
+
 def plan(
     path: Path, cluster: config.Cluster, outdir: Path | None, found: secrets.Local | None
 ) -> Plan:
     """The node folders rendered from the config; with `found`, each carries its secrets."""
-    folder = outdir or Path("compose") / cluster.name
+    folder = folder_for(cluster, outdir)
     contents = {n: p.read_text(encoding="utf-8") for n, p in found.files.items()} if found else None
     files = render.render(cluster, path.name, contents)
     return Plan(folder, output.plan(files, folder), output.stale(files, folder))
@@ -117,6 +124,8 @@ def opened(
     lock of a stack that served before (history.py), in place of the config file's."""
     text = entry.config_text if entry else config.read(path)
     cluster = config.parse(text, str(path))
+    if with_secrets:
+        folder_for(cluster, outdir)
     found = secrets.local(path, cluster) if with_secrets else None
     if update_lock and found:
         relock(path, cluster, outdir, report, found)

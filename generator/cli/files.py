@@ -64,6 +64,7 @@ def render_cmd(
     for warning in config.warnings(c):
         err.print(f"warning: {warning}")
     cluster, _ = workflow.pinned(path, c, strict=True)
+    workflow.folder_for(cluster, outdir)  # refused before any secret is generated
     found = secrets.local(path, cluster, generate=not dry_run)
     generated(found)
     for name, missing in found.missing.items():
@@ -96,6 +97,7 @@ def lock_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Write CONFIG's lock beside it: the base image's ID, the versions inside it, the model's
     manifest (every file hashed on the head), the config's hash. render and up then use it."""
     cluster = config.load(path)
+    workflow.folder_for(cluster, outdir)
     found = secrets.local(path, cluster)
     generated(found)
     locked(workflow.relock(path, cluster, outdir, progress, found), path)
