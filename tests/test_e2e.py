@@ -68,7 +68,7 @@ def config(
     )
 
 
-def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_nothing(
+def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_down_cleans(
     pair: Pair,
 ) -> None:
     bed, tmp = pair
@@ -144,24 +144,19 @@ def test_native_tp2_over_two_nodes_answers_a_chat_completion_and_down_leaves_not
     assert image.imread(saved.with_suffix(".png")).shape[:2] == (400, 600)
 
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
+    # The field failure, on the same group: a dead worker leaves the head up and serving nothing.
+    watched_recovery(bed, path, "native", "serve")
 
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
 
 
-def test_watch_brings_tp2_back_after_the_worker_container_is_killed(pair: Pair) -> None:
-    """The field failure: a dead worker leaves the head up and serving nothing. `up --watch`
-    names it, recreates the whole group in order and serving comes back."""
-    bed, tmp = pair
-    watched_recovery(bed, config(tmp, bed, "watched", "native"), "watched", "serve")
-
-
 def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:
-    """`up --watch` at watch's defaults, then the worker's `service` container killed: watch
-    names it from the engine's events, recreates the whole group at once (every node's container
-    of that service is new) and a chat completion comes back; Ctrl-C then stops watching (exit
-    130) and leaves the group as it is."""
+    """`up --watch` on the serving group (up changes nothing), watch at its defaults, then the
+    worker's `service` container killed under load: watch names it from the engine's events,
+    recreates the whole group at once (every node's container of that service is new) and a chat
+    completion comes back; Ctrl-C then stops watching (exit 130) and leaves the group as it is."""
     head, worker = bed.nodes[:2]
     watcher = clusters.Background("up", path, "--watch", cwd=path.parent)
     try:
@@ -317,7 +312,9 @@ def ray_worker_env(node: Node, project: str) -> list[dict[str, str]]:
     return found
 
 
-def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair: Pair) -> None:
+def test_ray_tp2_serves_with_each_ranks_own_interface_and_ip_and_comes_back_after_a_kill(
+    pair: Pair,
+) -> None:
     """The reference path: vLLM's Ray executor (RayExecutorV2, vLLM 0.32's default), TP=2 over
     both nodes, the worker's port named otherwise than the head's, and the head with an
     "external" default route (the field failure: Ray registered that address)."""
@@ -358,6 +355,8 @@ def test_ray_tp2_serves_and_every_rank_keeps_its_own_nodes_interface_and_ip(pair
         assert sorted(summary["ray_nodes"]) == sorted([head.ip, worker.ip])
         assert sorted(summary["preflight"]["facts"]) == ["spark1", "spark2"]
         assert "RayWorkerProc" in bundle["spark1.log"] and "spark2.containers.json" in bundle
+        # The worker's Ray container killed under load: watch recreates the Ray group.
+        watched_recovery(bed, path, "viaray", "ray")
 
 
 def test_ray_older_executor_keeps_per_node_values_too(pair: Pair) -> None:
@@ -415,13 +414,6 @@ def answered_again(load: Load, since: float) -> None:
     assert load.answered_after(since), load.failed_after(since)[-3:]
     for r in load.failed_after(0):
         assert r.error and r.end - r.start <= REQUEST_TIMEOUT + 5, r
-
-
-def test_watch_recreates_the_ray_group_after_the_workers_ray_container_is_killed(
-    pair: Pair,
-) -> None:
-    bed, tmp = pair
-    watched_recovery(bed, config(tmp, bed, "rayw", "ray", VLLM_RAY), "rayw", "ray")
 
 
 HOLD = """
