@@ -17,7 +17,7 @@ from typing import Any
 
 from python_on_whales import DockerException
 
-from generator import lock
+from generator import lock, sidefiles
 from generator.errors import PhaseError, VllmComposeError, reason
 from generator.fleet import Fleet
 
@@ -86,7 +86,7 @@ def save(
 ) -> Path:
     """The run as JSON (and its plot beside it); returns the JSON's path."""
     where = folder(config, locked)
-    where.mkdir(parents=True, exist_ok=True)
+    sidefiles.folder(sidefiles.folder(where.parent) / where.name)
     path = where / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     run_ = {
         "sweep": sweep.__dict__,

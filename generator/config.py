@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from generator import rules, validation
+from generator import rules, sidefiles, validation
 from generator.errors import ConfigError
 from generator.profiles import PROFILES, Profile, ProfileName
 from generator.sections import (
@@ -183,8 +183,8 @@ def parse(text: str, source: str = "config") -> Cluster:
 
 def read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        return sidefiles.read(path, follow=True)
+    except OSError as e:
         raise ConfigError(str(path), [f"cannot read it: {e}"]) from None
 
 

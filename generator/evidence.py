@@ -21,9 +21,9 @@ from typing import Any
 
 from python_on_whales import Container
 
-from generator import nccl
+from generator import nccl, sidefiles
 from generator.config import Node
-from generator.errors import reason
+from generator.errors import UnsafePath, reason
 from generator.fanout import each
 from generator.fleet import Fleet
 from generator.output import write_atomic
@@ -38,9 +38,11 @@ LAST_START = "last-start.json"  # in the bundles' folder: the phases of the last
 
 def write_bundle(fleet: Fleet, root: Path, why: str, extra: dict[str, Any] | None = None) -> Path:
     """The bundle, written into root/<UTC time>/ and archived beside it; says where, or why a
-    node's part could not be read. Never fails the caller. `extra`: more for summary.json."""
-    folder = root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder.mkdir(parents=True, exist_ok=True)
+    node's part could not be read; fails only when a folder of it is a link. `extra`: more for
+    summary.json."""
+    folder = sidefiles.folder(
+        sidefiles.folder(root) / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    )
     hide = _redactor(fleet)
     outcome = each(
         {n.name: _node_part(fleet, n, folder, hide) for n in fleet.cluster.nodes}, TIMEOUT
@@ -60,14 +62,14 @@ def write_bundle(fleet: Fleet, root: Path, why: str, extra: dict[str, Any] | Non
 
 def last_start(root: Path, start: dict[str, object]) -> None:
     """How the last start went (its phases, timed; what failed), for the next bundle."""
-    root.mkdir(parents=True, exist_ok=True)
+    sidefiles.folder(root)
     write_atomic(root / LAST_START, json.dumps(start, indent=2) + "\n")
 
 
 def _read(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(sidefiles.read(path))
+    except (OSError, ValueError, UnsafePath):
         return None
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from generator import lock
+from generator import lock, sidefiles
 from generator.errors import VllmComposeError
 from generator.output import write_atomic
 
@@ -28,7 +28,7 @@ class Entry:
 
     @property
     def config_text(self) -> str:
-        return (self.folder / CONFIG).read_text(encoding="utf-8")
+        return sidefiles.read(self.folder / CONFIG)
 
     @property
     def locked(self) -> lock.Lock | None:
@@ -45,7 +45,8 @@ def entries(config: Path) -> list[Entry]:
     root = folder_for(config)
     if not root.is_dir():
         return []
-    return [Entry(p) for p in sorted(root.iterdir()) if (p / CONFIG).is_file()]
+    folders = [p for p in sorted(sidefiles.folder(root).iterdir()) if not p.is_symlink()]
+    return [Entry(p) for p in folders if (p / CONFIG).is_file()]
 
 
 def latest(config: Path) -> Entry | None:
@@ -60,8 +61,8 @@ def record(config: Path, config_text: str, locked: lock.Lock | None) -> Entry:
     if last and last.config_text == config_text and last.locked == locked:
         return last
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    folder = folder_for(config) / stamp
-    folder.mkdir(parents=True, exist_ok=False)
+    folder = sidefiles.folder(folder_for(config)) / stamp
+    folder.mkdir(exist_ok=False)
     if lock_text:
         write_atomic(folder / LOCK, lock_text)
     write_atomic(folder / CONFIG, config_text)  # last: its presence makes the entry

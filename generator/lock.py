@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from generator import __version__, probes, slots, validation
+from generator import __version__, probes, sidefiles, slots, validation
 from generator.config import Cluster
 from generator.errors import ConfigError, DriftError
 from generator.fleet import Fleet
@@ -66,8 +66,8 @@ def read(config: Path) -> Lock | None:
 
 def read_file(path: Path) -> Lock:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        data = json.loads(sidefiles.read(path))
+    except (OSError, ValueError) as e:
         raise ConfigError(str(path), [f"not a readable lock: {e}"]) from None
     try:
         return Lock.model_validate(data)

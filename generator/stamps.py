@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from generator import sidefiles
+from generator.errors import UnsafePath
 from generator.output import write_atomic
 
 Stamp = tuple[int, int]  # (size, mtime in ns)
@@ -29,8 +31,8 @@ def read(config: Path, model: str) -> Stamps | None:
     """The stamps of this model path; None when there are none (or they are of another path,
     or unreadable: they only ever spare a hash, so without them preflight checks sizes alone)."""
     try:
-        found = Stamps.model_validate_json(path_for(config).read_text(encoding="utf-8"))
-    except (OSError, ValueError, ValidationError):
+        found = Stamps.model_validate_json(sidefiles.read(path_for(config)))
+    except (OSError, ValueError, ValidationError, UnsafePath):
         return None
     return found if found.model == model else None
 

@@ -73,3 +73,68 @@ def test_a_link_to_a_system_folder_as_the_output_folder_is_refused(place: Path) 
     said = run("render", "c.yaml", "-o", "out", cwd=place)
     assert said.returncode == 2 and "/etc is a system folder" in said.stderr, said.stderr
     untouched(place)
+
+
+# Side files beside the config: the lock, history, stamps, logs and bench results.
+
+
+def test_a_lock_that_is_a_link_is_refused_and_its_target_never_shown(place: Path) -> None:
+    (place / "c.lock.json").symlink_to(place / "decoy-secret")
+    said = run("render", "c.yaml", "--dry-run", cwd=place)
+    assert said.returncode == 2 and "c.lock.json is a link" in said.stderr, said.stderr
+    assert DECOY_SECRET not in said.stdout + said.stderr
+    untouched(place)
+
+
+def test_a_history_entry_that_is_a_link_is_never_read(place: Path) -> None:
+    from generator import history
+    from generator.errors import UnsafePath
+
+    config = place / "c.yaml"
+    entry = history.record(config, config.read_text(), None)
+    (entry.folder / history.CONFIG).unlink()
+    (entry.folder / history.CONFIG).symlink_to(place / "decoy-secret")
+    with pytest.raises(UnsafePath, match="is a link") as refused:
+        history.entries(config)[-1].config_text  # noqa: B018
+    assert DECOY_SECRET not in str(refused.value)
+    linked = history.folder_for(config) / "29990101T000000.000000Z"
+    linked.symlink_to(place / "decoy")
+    assert [e.folder for e in history.entries(config)] == [entry.folder]  # a linked entry: none
+
+
+@pytest.mark.parametrize("side", ["history", "logs", "bench", "stamps"])
+def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
+    place: Path, side: str
+) -> None:
+    from generator import bench, evidence, history, stamps
+    from generator.errors import UnsafePath
+
+    config = place / "c.yaml"
+    sweep = bench.Sweep([1], 1, 1, 1)
+    write = {
+        "history": (history.folder_for(config), lambda: history.record(config, "x", None)),
+        "logs": (config.with_name("c.logs"), lambda: evidence.last_start(place / "c.logs", {})),
+        "bench": (place / "c.bench", lambda: bench.save(config, None, sweep, [])),
+        "stamps": (stamps.path_for(config), lambda: stamps.record(config, "/m", {})),
+    }
+    where, act = write[side]
+    where.symlink_to(place / ("decoy-secret" if side == "stamps" else "decoy"))
+    with pytest.raises(UnsafePath, match="is a link"):
+        act()
+    untouched(place)
+
+
+def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_reading_it(
+    place: Path,
+) -> None:
+    import os
+
+    os.mkfifo(place / "fifo.yaml")  # a read would hang
+    (place / "big.yaml").write_text("#" * (2 << 20))
+    (place / "latin.yaml").write_bytes(b"name: caf\xe9\n")
+    for name, why in [("fifo.yaml", "is not a regular file"), ("big.yaml", "bytes, over"),
+                      ("latin.yaml", "is not UTF-8 text")]:  # fmt: skip
+        said = run("validate", name, cwd=place)
+        assert said.returncode == 2 and why in said.stderr, said.stderr
+    (place / "linked.yaml").symlink_to(place / "c.yaml")  # the user's own link: followed
+    assert run("validate", "linked.yaml", cwd=place).returncode == 0
