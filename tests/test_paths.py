@@ -5,6 +5,7 @@ no secret generated, nothing written, chmodded or shown through a link."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
 
     config = place / "c.yaml"
     sweep = bench.Sweep([1], 1, 1, 1)
-    write = {
+    write: dict[str, tuple[Path, Callable[[], object]]] = {
         "history": (history.folder_for(config), lambda: history.record(config, "x", None)),
         "logs": (config.with_name("c.logs"), lambda: evidence.last_start(place / "c.logs", {})),
         "bench": (place / "c.bench", lambda: bench.save(config, None, sweep, [])),
