@@ -182,10 +182,17 @@ def parse(text: str, source: str = "config") -> Cluster:
 
 
 def read(path: Path) -> str:
+    """The config's text: a regular file (a link is followed: the config is the user's to
+    place), UTF-8, not over validation's limit; never opened when it is not."""
     try:
-        return sidefiles.read(path, follow=True)
+        why = sidefiles.problem(path, validation.MAX_BYTES, follow=True)
+        if why:
+            raise ConfigError(str(path), [f"the file {why}"])
+        return path.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(str(path), [f"cannot read it: {e}"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), ["the file is not UTF-8 text"]) from None
 
 
 def load(path: Path) -> Cluster:

@@ -16,17 +16,25 @@ from generator.errors import UnsafePath
 LIMIT = 1 << 20  # bytes: a config, lock or history entry is a few KiB
 
 
-def read(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
-    """The file's text. FileNotFoundError as from open(); anything else that is wrong with it
-    raises UnsafePath (exit 2). `follow`: a link is followed (the config, the user's own)."""
+def problem(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
+    """What keeps the file from being read ('' when nothing), from its metadata alone (a FIFO
+    or a device is never opened). FileNotFoundError as from open()."""
     info = path.stat() if follow else path.lstat()
     if stat.S_ISLNK(info.st_mode):
-        raise UnsafePath(f"{path} is a link; vllm-compose reads its own files only as they are",
-                         f"remove the link (rm {path})")  # fmt: skip
+        return "is a link; vllm-compose reads its own files only as they are"
     if not stat.S_ISREG(info.st_mode):
-        raise UnsafePath(f"{path} is not a regular file", "move it away")
+        return "is not a regular file"
     if info.st_size > limit:
-        raise UnsafePath(f"{path} holds {info.st_size} bytes, over {limit}", "move it away")
+        return f"is over {limit >> 20} MiB" if limit >= 1 << 20 else f"is over {limit} bytes"
+    return ""
+
+
+def read(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
+    """The file's text; UnsafePath (exit 2) naming what is wrong with it, never its contents.
+    `follow`: a link is followed."""
+    why = problem(path, limit, follow)
+    if why:
+        raise UnsafePath(f"{path} {why}", "move it away, or remove the link")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:

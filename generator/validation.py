@@ -59,7 +59,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 def read_yaml(text: str, source: str) -> dict[str, Any]:
     """The mapping a config file holds, or a ConfigError saying where it is not one."""
     if len(text.encode()) > MAX_BYTES:
-        raise ConfigError(source, [f"the file is over {MAX_BYTES >> 20} MiB; a config is a page"])
+        raise ConfigError(source, [f"the file is over {MAX_BYTES >> 20} MiB"])
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:

@@ -105,6 +105,13 @@ def place(cluster: config.Cluster, report: Report) -> tuple[config.Cluster, surv
     return placed, seen
 
 
+def _secrets(path: Path, cluster: config.Cluster, outdir: Path | None) -> secrets.Local:
+    """The secret files, the output folder checked first: nothing is generated before it is
+    refused."""
+    folder_for(cluster, outdir)
+    return secrets.local(path, cluster)
+
+
 @contextlib.contextmanager
 def opened(
     path: Path,
@@ -124,9 +131,7 @@ def opened(
     lock of a stack that served before (history.py), in place of the config file's."""
     text = entry.config_text if entry else config.read(path)
     cluster = config.parse(text, str(path))
-    if with_secrets:
-        folder_for(cluster, outdir)
-    found = secrets.local(path, cluster) if with_secrets else None
+    found = _secrets(path, cluster, outdir) if with_secrets else None
     if update_lock and found:
         relock(path, cluster, outdir, report, found)
     if entry:

@@ -210,7 +210,7 @@ FIRST = {
     "yaml-merge-key": "line 1, column 7: anchors and aliases (&name, *name) are not supported; write it out",
     "yaml-python-tag": "line 8, column 6: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'",
     "yaml-alias-in-list": "line 4, column 4: anchors and aliases (&name, *name) are not supported; write it out",
-    "yaml-too-large": "the file is over 1 MiB; a config is a page",
+    "yaml-too-large": "the file is over 1 MiB",
     "env-entrypoint-secrets-dir": "env.VLLM_COMPOSE_SECRETS: the wrapper's entrypoint uses VLLM_COMPOSE_* itself; choose another name",
     "env-entrypoint-base-image": "env.VLLM_COMPOSE_BASE_IMAGE: the wrapper's entrypoint uses VLLM_COMPOSE_* itself; choose another name",
     "image-upper-case-path": "image: 'registry.io/Name/x:1' is not allowed: expected an image reference like registry/name:tag or name@sha256:<digest>",

@@ -133,7 +133,7 @@ def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_readi
     os.mkfifo(place / "fifo.yaml")  # a read would hang
     (place / "big.yaml").write_text("#" * (2 << 20))
     (place / "latin.yaml").write_bytes(b"name: caf\xe9\n")
-    for name, why in [("fifo.yaml", "is not a regular file"), ("big.yaml", "bytes, over"),
+    for name, why in [("fifo.yaml", "is not a regular file"), ("big.yaml", "is over 1 MiB"),
                       ("latin.yaml", "is not UTF-8 text")]:  # fmt: skip
         said = run("validate", name, cwd=place)
         assert said.returncode == 2 and why in said.stderr, said.stderr
