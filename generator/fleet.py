@@ -25,7 +25,8 @@ from generator.config import Cluster, Node
 from generator.errors import DockerError, reason
 from generator.fanout import Report, each, parallel, pump
 from generator.render import node_stacks
-from generator.stack import NodeStack, model_mount
+from generator.rules import model_mount
+from generator.stack import NodeStack
 
 SERVICE = "com.docker.compose.service"  # the label naming a container's service
 DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove

@@ -3,6 +3,7 @@ that are allowed but risky (warnings). Pure functions of a `Cluster`."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING
@@ -33,6 +34,8 @@ ENV_BYTES = 256 << 10
 SYSTEM_TOP = {"/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/opt", "/root", "/sbin", "/srv",
               "/tmp", "/usr", "/var"}  # fmt: skip
 SYSTEM_TREES = {"/dev", "/proc", "/run", "/sys", "/etc", "/boot"}
+# Folders of the nodes a model mount may never cover: every cluster's secrets, Docker's data.
+STATE_TREES = ("/var/lib/vllm-compose", "/var/lib/docker")
 RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {
@@ -145,10 +148,25 @@ def _port_problems(c: Cluster) -> list[str]:
     ]
 
 
+def model_mount(path: str) -> str:
+    """What a container mounts to read the model, normalised (`//etc`, `a/../b`): the model
+    folder, or for a Hugging Face cache snapshot (.../models--ORG--NAME/snapshots/REV) its
+    repository folder, where the snapshot's links point; nothing above it."""
+    folder = posixpath.normpath("/" + path.lstrip("/"))
+    parent = posixpath.dirname(folder)
+    repo = posixpath.dirname(parent)
+    if posixpath.basename(parent) == "snapshots" and posixpath.basename(repo).startswith(
+        "models--"
+    ):
+        return repo
+    return folder
+
+
 def _model_problems(c: Cluster) -> list[str]:
-    path = c.model.path.rstrip("/") or "/"
-    top = "/" + path.split("/")[1] if path != "/" else "/"
-    if path == "/" or (path == top and top in SYSTEM_TOP) or top in SYSTEM_TREES:
+    mount = model_mount(c.model.path)
+    top = "/" + mount.split("/")[1] if mount != "/" else "/"
+    state = any(mount == t or mount.startswith(t + "/") for t in STATE_TREES)
+    if mount == "/" or (mount == top and top in SYSTEM_TOP) or top in SYSTEM_TREES or state:
         return [f"model.path: {c.model.path} is a system folder, not a model; give its own folder"]
     return []
 

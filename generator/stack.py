@@ -9,10 +9,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
-from pathlib import PurePosixPath
 
 from generator import claims, monitoring, ports, services
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
+from generator.rules import model_mount
 from generator.services import Service
 
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
@@ -50,15 +50,6 @@ def secret_names(cluster: Cluster) -> list[str]:
     names = ["api_key"]
     names += ["ray_token"] if cluster.backend == "ray" and cluster.ray.token_auth else []
     return names + (["hf_token"] if cluster.secrets.hf_token_file else [])
-
-
-def model_mount(path: str) -> str:
-    """What a container mounts to read the model: the model folder, or for an HF cache snapshot
-    (.../models--org--name/snapshots/REV) the whole repo folder, where its symlinks point."""
-    parts = PurePosixPath(path)
-    if parts.parent.name == "snapshots":
-        return str(parts.parent.parent)
-    return path
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,14 @@ def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_readi
         assert said.returncode == 2 and why in said.stderr, said.stderr
     (place / "linked.yaml").symlink_to(place / "c.yaml")  # the user's own link: followed
     assert run("validate", "linked.yaml", cwd=place).returncode == 0
+
+
+def test_a_model_mount_covers_the_model_and_nothing_above_it() -> None:
+    from generator.rules import model_mount
+
+    snapshot = "/models/hub/models--Qwen--Qwen3/snapshots/0a1b2c"
+    assert model_mount(snapshot) == "/models/hub/models--Qwen--Qwen3"  # where its links point
+    assert model_mount("/snapshots/main") == "/snapshots/main"  # not a cache: never two up
+    assert model_mount("/var/snapshots/main") == "/var/snapshots/main"
+    assert model_mount("//models/x/") == "/models/x"
+    assert model_mount("/models/a/../b") == "/models/b"
