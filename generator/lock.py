@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from generator import __version__, probes, sidefiles, slots, validation
+from generator import __version__, ports, probes, sidefiles, slots, validation
 from generator.config import Cluster
 from generator.errors import ConfigError, DriftError
 from generator.fleet import Fleet
@@ -51,7 +51,10 @@ class Lock(BaseModel):
     wrapper: LockedWrapper
     versions: dict[str, str | None]
     model: LockedModel
-    api_port: int | None = None  # picked for a config without vllm.port (slots.py)
+    # Picked for a config without vllm.port (slots.py): a slot's API port, never anything else.
+    api_port: int | None = Field(
+        default=None, strict=True, ge=slots.DEFAULT, le=slots.DEFAULT + ports.SLOTS - 1
+    )
 
 
 def path_for(config: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from generator import config, lock, render, slots
+from generator.errors import ConfigError
 from tests.test_config import CASES
 
 HEALTH = Path(__file__).parent.parent / "image" / "health.py"
@@ -220,3 +221,20 @@ def test_a_lock_of_the_wrong_shape_is_refused_naming_the_field_and_nothing_is_wr
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["c.lock.json is invalid:", *(f"  {e}" for e in expected)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.lock.json", "c.yaml"]
+
+
+@pytest.mark.parametrize("port", [0, -1, 70000, True, "8001", 8100, 9000])
+def test_a_locked_api_port_is_one_a_slot_can_have_or_the_lock_is_refused(
+    port: object, tmp_path: Path
+) -> None:
+    """A lock records only a port slots.py picked (8000 to 8099); anything else a hand or a tool
+    wrote there is refused, never rendered."""
+    data = json.loads(lock.text(locked()))
+    data["api_port"] = port
+    (tmp_path / "c.lock.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as refused:
+        lock.read_file(tmp_path / "c.lock.json")
+    assert [p.split(":")[0] for p in refused.value.problems] == ["api_port"], refused.value.problems
+    data["api_port"] = 8042
+    (tmp_path / "c.lock.json").write_text(json.dumps(data))
+    assert lock.read_file(tmp_path / "c.lock.json").api_port == 8042
