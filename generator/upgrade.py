@@ -15,7 +15,7 @@ from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import history, lock, probes
+from generator import config, history, lock, probes
 from generator.deploy import Result
 from generator.errors import PhaseError, RolledBack, VllmComposeError, reason
 from generator.workflow import Opened
@@ -44,6 +44,7 @@ def upgrade(path: Path, open_: Open) -> Switched:
             "from or roll back to",
             hint=f"start it with: vllm-compose up {path}",
         )
+    config.load(path)  # an invalid config is refused here: nothing rendered, generated or asked
     result = Result()
     with contextlib.ExitStack() as stack:
         try:  # re-lock and render (opening), then stage: the old group serves on meanwhile

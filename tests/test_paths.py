@@ -150,3 +150,18 @@ def test_a_model_mount_covers_the_model_and_nothing_above_it() -> None:
     assert model_mount("/var/snapshots/main") == "/var/snapshots/main"
     assert model_mount("//models/x/") == "/models/x"
     assert model_mount("/models/a/../b") == "/models/b"
+
+
+def test_upgrade_to_an_invalid_config_is_refused_before_anything_is_rendered_or_asked(
+    place: Path,
+) -> None:
+    from generator import history
+
+    config = place / "c.yaml"
+    history.record(config, config.read_text(), None)  # a stack served from it once
+    config.write_text(config.read_text().replace("name: qwen35", "name: Bad Name"))
+    before = sorted(str(p.relative_to(place)) for p in place.rglob("*"))
+    said = run("upgrade", "c.yaml", cwd=place)
+    assert said.returncode == 2, said.stderr
+    assert said.stderr.splitlines()[0] == "c.yaml is invalid:", said.stderr
+    assert sorted(str(p.relative_to(place)) for p in place.rglob("*")) == before
