@@ -40,6 +40,7 @@ class Facts(BaseModel):
     reach: Reach
     versions: dict[str, str | None]
     ray_on_path: bool
+    ray_client: bool | None = None  # None: a wrapper older than the field
     model: dict[str, int] | None  # relative path -> size; -1 for a dangling symlink
     unreachable_links: dict[str, str] = {}  # relative path -> the target the container cannot see
     model_mtimes: dict[str, int] = {}  # relative path -> mtime (ns)
@@ -149,6 +150,9 @@ def _ray(c: Cluster, node: Node, f: Facts) -> Check:
         cause = f"{c.image} has no 'ray' on PATH"
         return failed("ray", node.name, cause, "use an image with Ray, or set 'backend: native'")
     found = f.versions.get("ray")
+    if node == c.head and f.ray_client is False:
+        cause = f"{c.image} has the minimal Ray: the head's `ray start` needs Ray's client extra"
+        return failed("ray", node.name, cause, "an image with ray[client] (or ray[default])")
     if c.ray.token_auth and _release(found) < TOKEN_AUTH_SINCE:
         cause = f"ray {found} has no token authentication (2.52+): its ports would be open"
         hint = "an image with Ray 2.52 or later, or ray.token_auth: false on a closed network"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import importlib.util
 import json
 import os
 import platform
@@ -233,6 +234,9 @@ def facts(args: argparse.Namespace) -> None:
             ),
         },
         "ray_on_path": shutil.which("ray") is not None,
+        # Ray's client extra (grpcio): `ray start --head --ray-client-server-port` needs it, and
+        # the minimal Ray (`pip install ray`) lacks it.
+        "ray_client": importlib.util.find_spec("grpc") is not None,
         "model": model[0] if model else None,
         "unreachable_links": model[2] if model else {},
         "model_mtimes": model[1] if model else {},

@@ -87,6 +87,9 @@ def test_a_healthy_pair_passes_every_check() -> None:
          "reach spark-2: cannot reach spark-1 at 192.168.200.12 over TCP: timed out"),
         ("spark-2", {"ray_on_path": False},
          "ray spark-2: hellohal2064/vllm-qwen3.5-gb10:latest has no 'ray' on PATH"),
+        ("spark-1", {"ray_client": False},
+         "ray spark-1: hellohal2064/vllm-qwen3.5-gb10:latest has the minimal Ray: the head's"
+         " `ray start` needs Ray's client extra"),
         ("spark-2", {"model": None}, "model spark-2: /models/Qwen3.5-122B-A10B-FP8 is missing"),
         ("spark-2", {"model": {"config.json": 700}},
          "model spark-2: /models/Qwen3.5-122B-A10B-FP8 differs from spark-1's: "
