@@ -24,8 +24,8 @@ from generator import claims, clients, images, probes, secrets, survey
 from generator.config import Cluster, Node
 from generator.errors import DockerError, reason
 from generator.fanout import Report, each, parallel, pump
+from generator.mounts import model_mount
 from generator.render import node_stacks
-from generator.rules import model_mount
 from generator.stack import NodeStack
 
 SERVICE = "com.docker.compose.service"  # the label naming a container's service

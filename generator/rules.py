@@ -3,12 +3,11 @@ that are allowed but risky (warnings). Pure functions of a `Cluster`."""
 
 from __future__ import annotations
 
-import posixpath
 import re
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING
 
-from generator import ports
+from generator import mounts, ports
 
 if TYPE_CHECKING:
     from generator.config import Cluster
@@ -31,11 +30,6 @@ SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY
 # 128 KiB); the stacks add their own on top of these.
 ENV_BYTES = 256 << 10
 # A model never lives at the root of these, or anywhere in the second set.
-SYSTEM_TOP = {"/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/opt", "/root", "/sbin", "/srv",
-              "/tmp", "/usr", "/var"}  # fmt: skip
-SYSTEM_TREES = {"/dev", "/proc", "/run", "/sys", "/etc", "/boot"}
-# Folders of the nodes a model mount may never cover: every cluster's secrets, Docker's data.
-STATE_TREES = ("/var/lib/vllm-compose", "/var/lib/docker")
 RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {
@@ -54,7 +48,9 @@ NAMED_FLAGS = {
     "--master-addr": "backend: native (derived from the head node)",
     "--master-port": "master_port",
     "--headless": "backend: native (derived from nodes)",
+    "--model": "model.path",
 }
+SECRET_FLAGS = ("--api-key", "--hf-token")
 
 
 def problems(c: Cluster) -> list[str]:
@@ -62,7 +58,8 @@ def problems(c: Cluster) -> list[str]:
         *_node_problems(c),
         *_parallel_problems(c),
         *_port_problems(c),
-        *_model_problems(c),
+        *mounts.model_problems(c),
+        *_metrics_problems(c),
         *_env_problems(c),
         *_arg_problems(c),
     ]
@@ -94,6 +91,16 @@ def _node_problems(c: Cluster) -> list[str]:
     problems += [
         f"nodes.{i}.role: a second head; only one node may say 'role: head'" for i in heads[1:]
     ]
+    if len(c.nodes) > 1 and all(n.role == "worker" for n in c.nodes):
+        problems.append(
+            "nodes.0.role: every node says 'role: worker'; say 'role: head' on the head"
+            " (or drop the roles: the first node is the head)"
+        )
+    problems += [
+        f"nodes.{i}.interface: '{c.interface_of(n)}' is not an interface name"
+        for i, n in enumerate(c.nodes)
+        if c.interface_of(n) in (".", "..")
+    ]
     problems += [
         f"nodes.{i}.interface: no interface for node '{n.name}'; set `interface` at the top level"
         " or on the node"
@@ -119,6 +126,17 @@ def _not_a_node_address(ip: IPv4Address, alone: bool) -> str | None:
         (ip.is_reserved, "a reserved address"),
     ]
     return next((kind for found, kind in kinds if found), None)
+
+
+def _metrics_problems(c: Cluster) -> list[str]:
+    listen = c.metrics.listen if c.metrics else None
+    other = next((n for n in c.workers if n.ip == listen), None)
+    if other:
+        return [
+            f"metrics.listen: {listen} is node '{other.name}''s address; Prometheus runs on the"
+            f" head ({c.head.ip})"
+        ]
+    return []
 
 
 def _parallel_problems(c: Cluster) -> list[str]:
@@ -148,62 +166,45 @@ def _port_problems(c: Cluster) -> list[str]:
     ]
 
 
-def model_mount(path: str) -> str:
-    """What a container mounts to read the model, normalised (`//etc`, `a/../b`): the model
-    folder, or for a Hugging Face cache snapshot (.../models--ORG--NAME/snapshots/REV) its
-    repository folder, where the snapshot's links point; nothing above it."""
-    folder = posixpath.normpath("/" + path.lstrip("/"))
-    parent = posixpath.dirname(folder)
-    repo = posixpath.dirname(parent)
-    if posixpath.basename(parent) == "snapshots" and posixpath.basename(repo).startswith(
-        "models--"
-    ):
-        return repo
-    return folder
-
-
-def _model_problems(c: Cluster) -> list[str]:
-    mount = model_mount(c.model.path)
-    top = "/" + mount.split("/")[1] if mount != "/" else "/"
-    state = any(mount == t or mount.startswith(t + "/") for t in STATE_TREES)
-    if mount == "/" or (mount == top and top in SYSTEM_TOP) or top in SYSTEM_TREES or state:
-        return [f"model.path: {c.model.path} is a system folder, not a model; give its own folder"]
-    return []
-
-
 def _env_problems(c: Cluster) -> list[str]:
+    return [*_env_secrets(c), *_env_owned(c)]
+
+
+def _env_secrets(c: Cluster) -> list[str]:
+    """Secrets, whatever the case of their names: env shows in `docker inspect`."""
     problems = [
-        f"env.{key}: set per node by vllm-compose from nodes[].ip / interface; remove it here"
-        for key in PER_NODE_ENV
-        if key in c.env
-    ]
-    problems += [
         f"env.{key}: a secret in env shows in `docker inspect`; put it in the file "
         f"secrets.{field} names"
-        for key, field in SECRET_ENV.items()
-        if key in c.env
+        for key in c.env
+        if (field := SECRET_ENV.get(key.upper()))
     ]
-    problems += [
+    return problems + [
         f"env.{key}: a secret in env shows in `docker inspect`; keep it in a file on the nodes"
         " (secrets.hf_token_file for Hugging Face), not in the config"
         for key in c.env
-        if key not in SECRET_ENV and SECRET_NAME.search(key)
+        if key.upper() not in SECRET_ENV and SECRET_NAME.search(key.upper())
     ]
-    problems += [
-        f"env.{key}: set by vllm-compose from ray.token_auth; set that instead"
-        for key in RAY_AUTH_ENV
-        if key in c.env
-    ]
+
+
+def _env_owned(c: Cluster) -> list[str]:
+    """Variables vllm-compose sets itself, and the size of them all."""
+    owned = {key: "set per node by vllm-compose from nodes[].ip / interface; remove it here"
+             for key in PER_NODE_ENV}  # fmt: skip
+    owned |= {key: "set by vllm-compose for the cluster's slot (its Ray metrics port); remove it"
+              for key in ports.ray_metrics(c)}  # fmt: skip
+    owned |= {key: "set by vllm-compose from ray.token_auth; set that instead"
+              for key in RAY_AUTH_ENV}  # fmt: skip
+    if c.backend == "ray":
+        owned["VLLM_CONFIG_ROOT"] = (
+            "set by vllm-compose (backend ray): it holds the list that keeps per-node variables"
+            " on their node; remove it here"
+        )
+    problems = [f"env.{key}: {why}" for key, why in owned.items() if key in c.env]
     problems += [
         f"env.{key}: the wrapper's entrypoint uses VLLM_COMPOSE_* itself; choose another name"
         for key in c.env
         if key.startswith("VLLM_COMPOSE_")
     ]
-    if c.backend == "ray" and "VLLM_CONFIG_ROOT" in c.env:
-        problems.append(
-            "env.VLLM_CONFIG_ROOT: set by vllm-compose (backend ray): it holds the list that keeps"
-            " per-node variables on their node; remove it here"
-        )
     size = sum(len(k) + len(v) + 2 for k, v in c.env.items())
     if size > ENV_BYTES:
         problems.append(
@@ -213,20 +214,34 @@ def _env_problems(c: Cluster) -> list[str]:
     return problems
 
 
+def _flag(arg: str) -> str:
+    """The long flag vLLM reads `arg` as, before abbreviation: --a_b as --a-b, --f=v as --f."""
+    written = arg.split("=", 1)[0]
+    return "--" + written[2:].replace("_", "-") if written.startswith("--") else written
+
+
+def _meant(flag: str, full: str) -> bool:
+    """vLLM's parser takes an unambiguous prefix of a long flag for the flag (--tensor-parallel
+    for --tensor-parallel-size), so a prefix of three letters or more counts as it."""
+    if flag == full:
+        return True
+    return flag.startswith("--") and len(flag) >= 5 and full.startswith(flag)
+
+
 def _arg_problems(c: Cluster) -> list[str]:
     problems = []
     for i, arg in enumerate(c.vllm.args):
-        # vLLM reads --a_b as --a-b and --flag=value as --flag value.
-        written = arg.split("=", 1)[0]
-        flag = "--" + written[2:].replace("_", "-") if written.startswith("--") else written
-        if flag in ("--api-key", "--hf-token"):
+        flag, written = _flag(arg), arg.split("=", 1)[0]
+        if any(_meant(flag, secret) for secret in SECRET_FLAGS):
             problems.append(
                 f"vllm.args.{i}: a secret on the command line shows in `ps` and `docker inspect`;"
                 " use secrets.api_key_file / secrets.hf_token_file"
             )
-        if flag in NAMED_FLAGS:
+            continue
+        named = next((f for f in NAMED_FLAGS if _meant(flag, f)), None)
+        if named:
             problems.append(
-                f"vllm.args.{i}: {written} has a named field ({NAMED_FLAGS[flag]}); set it there"
+                f"vllm.args.{i}: {written} has a named field ({NAMED_FLAGS[named]}); set it there"
             )
     return problems
 
@@ -248,6 +263,6 @@ def warnings(c: Cluster) -> list[str]:
     if listen and (listen.is_unspecified or not listen.is_private):
         where = "every address of the head" if listen.is_unspecified else "a public address"
         found.append(f"metrics.listen: {listen}; Prometheus answers on {where}, unauthenticated")
-    if "--trust-remote-code" in c.vllm.args:
+    if any(_meant(_flag(arg), "--trust-remote-code") for arg in c.vllm.args):
         found.append("vllm.args: --trust-remote-code runs code from the model repository")
     return found

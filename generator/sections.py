@@ -276,6 +276,16 @@ class Metrics(Strict):
         description="How long Prometheus keeps its samples (its volume on the head), e.g. 15d.",
     )
 
+    @field_validator("retention")
+    @classmethod
+    def _retention_prometheus_can_read(cls, value: str) -> str:
+        """Prometheus refuses 0 and a duration past its int64 of milliseconds (292 years)."""
+        number, unit = int(value.rstrip("mshdwy")), value.lstrip("0123456789")
+        seconds = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+        if number == 0 or number * seconds.get(unit, 31536000) > 100 * 31536000:
+            raise ValueError(f"{value}: between 1 and 100 years' worth, e.g. 15d")
+        return value
+
     @field_validator("listen", mode="before")
     @classmethod
     def _listen_is_written_as_an_address(cls, value: object) -> object:

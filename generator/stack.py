@@ -12,7 +12,7 @@ from functools import cached_property
 
 from generator import claims, monitoring, ports, services
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node
-from generator.rules import model_mount
+from generator.mounts import model_mount
 from generator.services import Service
 
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API

@@ -27,7 +27,7 @@ from generator.errors import DockerError, reason
 from generator.fanout import Report, each
 from generator.fleet import Fleet
 from generator.lock import Lock
-from generator.rules import model_mount
+from generator.mounts import model_mount
 
 MANIFEST = "/tmp/vllm-compose-manifest.json"  # where a receiver finds the manifest
 

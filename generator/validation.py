@@ -3,6 +3,7 @@ the field by its dotted path. Knows no model: the root model and the hints come 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -54,6 +55,23 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+# Python reads at most 4,300 digits; the fields then name a number out of their range.
+DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]{0,3999})")
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """Integers in plain decimal only: YAML 1.1 reads 010 as 8, 0x1F as 31 and 1_000 as 1000,
+    and a 5,000-digit one as a traceback."""
+    text = str(node.value)
+    if not DECIMAL.fullmatch(text):
+        problem = f"{text[:24]}{'...' if len(text) > 24 else ''} is not a plain decimal integer"
+        hint = "; write it in decimal without leading zeros" if len(text) <= 4000 else ""
+        raise yaml.MarkedYAMLError(problem=problem + hint, problem_mark=node.start_mark)
+    return int(text)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def read_yaml(text: str, source: str) -> dict[str, Any]:

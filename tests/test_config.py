@@ -260,3 +260,14 @@ def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     assert caught.value.problems[0].startswith(
         "cannot read it: [Errno 2] No such file or directory"
     )
+
+
+def test_trust_remote_code_is_warned_of_however_it_is_spelled() -> None:
+    text = (CASES / "sample.yaml").read_text()
+    for spelling in ("--trust-remote-code", "--trust_remote_code", "--trust-remote"):
+        c = config.parse(
+            text.replace("--enable-auto-tool-choice]", f"--enable-auto-tool-choice, {spelling}]")
+        )
+        assert config.warnings(c) == [
+            "vllm.args: --trust-remote-code runs code from the model repository"
+        ], spelling

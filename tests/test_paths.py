@@ -142,7 +142,7 @@ def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_readi
 
 
 def test_a_model_mount_covers_the_model_and_nothing_above_it() -> None:
-    from generator.rules import model_mount
+    from generator.mounts import model_mount
 
     snapshot = "/models/hub/models--Qwen--Qwen3/snapshots/0a1b2c"
     assert model_mount(snapshot) == "/models/hub/models--Qwen--Qwen3"  # where its links point
