@@ -3,7 +3,8 @@ defaults (no options, as the README runs it), and a bounded load of 4 clients, h
 requests streamed, running through each fault in turn; the cold `up` of the same run is the
 yardstick.
 
-    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi] [--soak MINUTES]
+    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi] [--watch-stopped]
+                               [--soak MINUTES]
 
 Faults: a. the worker's process crashes (its container's first process killed from outside
 the engine: Docker starts the container again); b. the worker's serve (native) or Ray (ray)
@@ -51,6 +52,7 @@ CLIENTS = 4
 FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
 LINK_CUT = 20
 GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
+WATCHING = True  # --watch-stopped: no watch at all
 GOALS["i"] = 1.0  # no goal set for a hang; the canary alone waits group.hang_after (60 s)
 
 
@@ -273,6 +275,12 @@ def _fault(bed: Testbed, config: Path, backend: str, key: str, load: Load) -> Fi
         lost, plain, streamed = outage(load.done, at)
         return Figure(RELEASES[key], None, lost, plain, streamed, f"`{RELEASES[key][3:]}`")
     name, inject = FAULTS[key]
+    if not WATCHING:  # what heals with no controller: the stacks' own restarts and supervisors
+        at = time.monotonic()
+        inject(bed, config, backend)
+        steady(load, at)
+        lost, plain, streamed = outage(load.done, at)
+        return Figure(name, None, lost, plain, streamed, "the stacks themselves (watch stopped)")
     watcher = Watcher(config)
     try:
         watcher.wait_for("watch: ok", 300)
@@ -301,10 +309,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos")
     parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
     parser.add_argument("--faults", default="abcdefigh")
+    stopped_help = "run the faults with no watch: what the stacks heal by themselves"
+    parser.add_argument("--watch-stopped", action="store_true", help=stopped_help)
     soak_help = "instead: a soak, a fault every 5 minutes (30 for the figure)"
     parser.add_argument("--soak", type=float, metavar="MINUTES", help=soak_help)
     args = parser.parse_args()
     backends = ["native", "ray"] if args.backend == "both" else [args.backend]
+    global WATCHING
+    WATCHING = not args.watch_stopped
     root = DockerClient()
     print("setup: images, model, testbed (not timed)", flush=True)
     image, model = images.vllm_base(root), images.tiny_model(root)
