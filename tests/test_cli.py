@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 CASES = Path(__file__).parent / "cases"
 
 
@@ -135,3 +139,35 @@ def test_every_numeric_option_is_bounded_and_refused_before_anything_is_read() -
         assert refused.returncode == 2, (command, option, value, refused.stderr)
         assert f"Invalid value for '{option}'" in refused.stderr, refused.stderr
         assert "cannot read" not in refused.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    option=st.sampled_from([("watch", "--interval", 1, 3600), ("watch", "--deadline", 1, 3600),
+                            ("watch", "--heal", 0, 3600), ("watch", "--backoff", 0, 3600),
+                            ("top", "--interval", 0.5, 3600)]),
+    value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6)),
+)  # fmt: skip
+def test_a_seconds_option_takes_exactly_the_values_in_its_range(
+    option: tuple[str, str, float, float], value: float
+) -> None:
+    """In process (the parser alone decides): a value out of range, nan or inf is refused by
+    the option; one in range gets as far as reading the (missing) config."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from generator import cli as commands
+
+    command, flag, low, high = option
+    said = io.StringIO()
+    argv = ["vllm-compose", command, "missing.yaml", flag, str(value)]
+    with (
+        contextlib.redirect_stderr(said),
+        mock.patch.object(sys, "argv", argv),
+        pytest.raises(SystemExit) as exited,
+    ):
+        commands.main()
+    assert exited.value.code == 2
+    refused = "Invalid value for" in said.getvalue()
+    assert refused == (not low <= value <= high), (argv, said.getvalue())

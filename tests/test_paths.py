@@ -5,10 +5,13 @@ no secret generated, nothing written, chmodded or shown through a link."""
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.test_cli import CASES, run
 
@@ -165,3 +168,46 @@ def test_upgrade_to_an_invalid_config_is_refused_before_anything_is_rendered_or_
     assert said.returncode == 2, said.stderr
     assert said.stderr.splitlines()[0] == "c.yaml is invalid:", said.stderr
     assert sorted(str(p.relative_to(place)) for p in place.rglob("*")) == before
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    placed=st.lists(st.sampled_from(sorted(LINKS)), min_size=1, max_size=4, unique=True),
+    dry_run=st.booleans(),
+)
+def test_any_set_of_links_in_the_output_folder_is_refused_and_nothing_goes_through(
+    tmp_path_factory: pytest.TempPathFactory, placed: list[str], dry_run: bool
+) -> None:
+    """In process: `render` over an output folder with links at any of the places the tool
+    writes (a node folder, secrets/, compose.yaml, a secret) refuses, and the decoys stay."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from generator import cli as commands
+
+    place = tmp_path_factory.mktemp("links")
+    shutil.copy(CASES / "sample.yaml", place / "c.yaml")
+    (place / "decoy").mkdir(mode=0o755)
+    (place / "decoy" / "mine").write_text("mine\n")
+    (place / "decoy-secret").write_text(DECOY_SECRET)
+    (place / "decoy-secret").chmod(0o600)
+    for rel, target in sorted((LINKS[where] for where in placed), key=lambda x: x[0].count("/")):
+        link = place / "out" / rel
+        if not any(p.is_symlink() for p in link.parents):  # not below a link placed already
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(place / target)
+    said = io.StringIO()
+    argv = ["vllm-compose", "render", str(place / "c.yaml"), "-o", str(place / "out")]
+    with (
+        contextlib.redirect_stdout(said),
+        contextlib.redirect_stderr(said),
+        mock.patch.object(sys, "argv", argv + (["--dry-run"] if dry_run else [])),
+        pytest.raises(SystemExit) as exited,
+    ):
+        commands.main()
+    assert exited.value.code == 2 and "is a link" in said.getvalue(), said.getvalue()
+    assert DECOY_SECRET not in said.getvalue()
+    untouched(place)
