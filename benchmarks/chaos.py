@@ -334,7 +334,8 @@ def main() -> None:
         for backend in backends:
             results[backend] = one_backend(bed, backend, args.faults, image)
     print()
-    print(f"chaos: TP=2, 2 emulated nodes, tiny Llama, vLLM CPU, watch at its defaults, "
+    watching = "watch at its defaults" if WATCHING else "watch stopped"
+    print(f"chaos: TP=2, 2 emulated nodes, tiny Llama, vLLM CPU, {watching}, "
           f"{CLIENTS} clients (half streamed)")  # fmt: skip
     for backend, (cold, figures) in results.items():
         print(f"{backend} (cold up {cold:.1f} s):")
