@@ -126,12 +126,12 @@ def stage(path: Path, text: str, mode: int = 0o644) -> str:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """A reader sees the old file or the new one, never half of one. Never through a link: the
-    file or its folder being one is refused."""
-    for what in (path, path.parent):
-        if what.is_symlink():
-            raise UnsafePath(f"{what} is a link; vllm-compose writes nothing through one",
-                             f"remove the link (rm {what})")  # fmt: skip
+    """A reader sees the old file or the new one, never half of one. A file that is a link is
+    refused, not replaced; its folder is the caller's to check (sidefiles.folder): the config's
+    own folder may be a link the user made."""
+    if path.is_symlink():
+        raise UnsafePath(f"{path} is a link; vllm-compose writes nothing through one",
+                         f"remove the link (rm {path})")  # fmt: skip
     Path(stage(path, text, mode)).replace(path)
 
 

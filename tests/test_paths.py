@@ -211,3 +211,15 @@ def test_any_set_of_links_in_the_output_folder_is_refused_and_nothing_goes_throu
     assert exited.value.code == 2 and "is a link" in said.getvalue(), said.getvalue()
     assert DECOY_SECRET not in said.getvalue()
     untouched(place)
+
+
+def test_a_config_in_a_linked_folder_keeps_its_lock_and_stamps_beside_it(tmp_path: Path) -> None:
+    """The config's own folder may be a link the user made: the side files are written there."""
+    from generator import stamps
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    config = tmp_path / "linked" / "c.yaml"
+    shutil.copy(CASES / "sample.yaml", config)
+    stamps.record(config, "/m", {})
+    assert (tmp_path / "real" / stamps.path_for(config).name).is_file()
