@@ -29,7 +29,6 @@ SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY
 # Linux refuses to start a process whose environment and arguments pass 2 MiB (and any one string
 # 128 KiB); the stacks add their own on top of these.
 ENV_BYTES = 256 << 10
-# A model never lives at the root of these, or anywhere in the second set.
 RAY_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 # `vllm serve` flags that have a named field: a second copy in `args` would silently win or lose.
 NAMED_FLAGS = {

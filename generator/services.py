@@ -190,7 +190,7 @@ def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict
 
 
 def canary(stack: NodeStack) -> dict[str, str]:
-    """The head serve's own check for a hung rank (image/group.py's Canary), when it is on."""
+    """The head serve's own check for a hung rank (image/canary.py), when it is on."""
     c = stack.cluster
     if not c.group.hang_after:
         return {}
