@@ -223,3 +223,25 @@ def test_a_config_in_a_linked_folder_keeps_its_lock_and_stamps_beside_it(tmp_pat
     shutil.copy(CASES / "sample.yaml", config)
     stamps.record(config, "/m", {})
     assert (tmp_path / "real" / stamps.path_for(config).name).is_file()
+
+
+@pytest.mark.parametrize("command", ["render", "lock", "secrets", "up", "upgrade", "watch"])
+def test_every_command_that_writes_node_folders_refuses_links_before_anything_else(
+    place: Path, command: str
+) -> None:
+    """An output folder full of links to the decoys: each command refuses it (exit 2, naming a
+    link) before a secret is generated or an engine is asked (the config's contexts do not
+    exist: a command that went on would fail on them instead)."""
+    from generator import history
+
+    history.record(place / "c.yaml", (place / "c.yaml").read_text(), None)  # for upgrade
+    for rel, target in LINKS.values():
+        link = place / "out" / rel
+        if not any(p.is_symlink() for p in link.parents):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(place / target)
+    said = run(command, "c.yaml", "-o", "out", cwd=place)
+    assert said.returncode == 2, said.stdout + said.stderr
+    assert "is a link; vllm-compose writes, shows and chmods nothing through one" in said.stderr
+    assert DECOY_SECRET not in said.stdout + said.stderr
+    untouched(place)
