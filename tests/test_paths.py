@@ -29,10 +29,14 @@ def place(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def untouched(place: Path) -> None:
+def decoys_untouched(place: Path) -> None:
     assert sorted(p.name for p in (place / "decoy").iterdir()) == ["mine"]
     assert (place / "decoy").stat().st_mode & 0o777 == 0o755
     assert (place / "decoy-secret").read_text() == DECOY_SECRET
+
+
+def untouched(place: Path) -> None:
+    decoys_untouched(place)
     assert not (place / "c.api-key").exists()  # nothing generated before the refusal
 
 
@@ -245,3 +249,32 @@ def test_every_command_that_writes_node_folders_refuses_links_before_anything_el
     assert "is a link; vllm-compose writes, shows and chmods nothing through one" in said.stderr
     assert DECOY_SECRET not in said.stdout + said.stderr
     untouched(place)
+
+
+SIDE_LINKS = {  # beside c.yaml: each side file or folder as a link to a decoy
+    "c.lock.json": "decoy-secret",
+    "c.history": "decoy",
+    "c.logs": "decoy",
+    "c.bench": "decoy",
+    "c.model-stamps.json": "decoy-secret",
+}
+
+
+@pytest.mark.parametrize(
+    "command", ["render", "lock", "secrets", "up", "upgrade", "rollback", "bench", "diagnose",
+                "verify-model", "preflight"],
+)  # fmt: skip
+@pytest.mark.parametrize("lock_linked", [True, False], ids=["lock-linked", "lock-absent"])
+def test_no_command_reads_writes_or_shows_a_side_file_through_a_link(
+    place: Path, command: str, lock_linked: bool
+) -> None:
+    """Every side file beside the config a link to a decoy (with and without the lock among
+    them, which most commands read first): whatever the command then does (the config's contexts
+    do not exist), the decoys are untouched and never printed. (watch is left out here: with no
+    engine it keeps trying to recover; the output-folder walk above covers it.)"""
+    for name, target in SIDE_LINKS.items():
+        if lock_linked or name != "c.lock.json":
+            (place / name).symlink_to(place / target)
+    said = run(command, "c.yaml", cwd=place)
+    assert DECOY_SECRET not in said.stdout + said.stderr
+    decoys_untouched(place)
