@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from generator import sidefiles
 from generator.errors import OutputError, UnsafePath
 from generator.render import File
 
@@ -129,10 +130,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """A reader sees the old file or the new one, never half of one. A file that is a link is
     refused, not replaced; its folder is the caller's to check (sidefiles.folder): the config's
     own folder may be a link the user made."""
-    if path.is_symlink():
-        raise UnsafePath(f"{path} is a link; vllm-compose writes nothing through one",
-                         f"remove the link (rm {path})")  # fmt: skip
-    Path(stage(path, text, mode)).replace(path)
+    Path(stage(sidefiles.not_a_link(path), text, mode)).replace(path)
 
 
 def _read(path: Path) -> str | None:

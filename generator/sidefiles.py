@@ -41,10 +41,15 @@ def read(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
         raise UnsafePath(f"{path} is not UTF-8 text", "move it away") from None
 
 
-def folder(path: Path) -> Path:
-    """`path` as a folder of the tool's own, made when missing; refused when it is a link."""
+def not_a_link(path: Path) -> Path:
+    """`path`, refused when it is a link: the tool writes nothing through one."""
     if path.is_symlink():
         raise UnsafePath(f"{path} is a link; vllm-compose writes nothing through one",
                          f"remove the link (rm {path})")  # fmt: skip
-    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def folder(path: Path) -> Path:
+    """`path` as a folder of the tool's own, made when missing; refused when it is a link."""
+    not_a_link(path).mkdir(parents=True, exist_ok=True)
     return path
