@@ -13,6 +13,7 @@ IMAGE_FILES = (
     "Dockerfile",
     "image/entrypoint.sh",
     "image/health.py",
+    "image/answers.py",
     "image/canary.py",
     "image/facts.py",
     "image/gpus.py",

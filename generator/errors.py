@@ -5,6 +5,7 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 ├── SecretFileError         a secret file the config names is unusable (exit 2, never shown)
 ├── OutputError             a rendered file could not be written
 ├── UnsafePath              a path refused before anything is written: a link, a system folder
+├── OptionError             a command's options refused before anything runs (exit 2)
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
 ├── RolledBack              an upgrade's new group failed; the stack before serves again
@@ -58,9 +59,15 @@ class UnsafePath(VllmComposeError):
     exit_code = 2
 
 
+class OptionError(VllmComposeError):
+    exit_code = 2
+
+
 class RolledBack(VllmComposeError):
-    def __init__(self, failed: str, when: str) -> None:
-        super().__init__(f"upgrade failed: {failed}; rolled back: the stack of {when} serves again")
+    def __init__(self, failed: str, when: str, hint: str | None = None) -> None:
+        super().__init__(
+            f"upgrade failed: {failed}; rolled back: the stack of {when} serves again", hint
+        )
 
 
 class DockerError(VllmComposeError):

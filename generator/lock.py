@@ -8,6 +8,7 @@ image by ID, and any difference from the lock is an error naming it until the lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,11 @@ def write(config: Path, lock: Lock) -> Path:
 def text(lock: Lock) -> str:
     """The lock as its file holds it."""
     return json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def key(lock: Lock | None) -> str:
+    """A short name for the lock (a hash of its text): `unlocked` without one."""
+    return hashlib.sha256(text(lock).encode()).hexdigest()[:12] if lock else "unlocked"
 
 
 def resolve(fleet: Fleet, config_hash: str, port_given: bool) -> Lock:

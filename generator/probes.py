@@ -48,6 +48,18 @@ def metrics(port: int) -> list[str]:
     return [HEALTH, "metrics", "--port", str(port)]
 
 
+def models(port: int) -> list[str]:
+    """Each served model's context length, from vLLM's /v1/models (the key read inside)."""
+    return [HEALTH, "models", "--port", str(port)]
+
+
+def answers(port: int, model: str, context: int | None, tools: bool, reasoning: bool) -> list[str]:
+    """The correctness gate's answers as JSON (image/answers.py)."""
+    cmd = [HEALTH, "answers", "--port", str(port), "--model", model]
+    cmd += ["--context", str(context)] if context else []
+    return cmd + ["--tools"] * tools + ["--reasoning"] * reasoning
+
+
 def nodes(gcs: str) -> list[str]:
     return [HEALTH, "nodes", "--address", gcs]
 

@@ -10,9 +10,14 @@ nodes --address HOST:PORT
     prints the alive Ray nodes as JSON: {"IP": GPUs}
 slots --address HOST:PORT
     prints every alive Ray node's GPU slots as JSON: {"IP": {"gpus": total, "free": free now}}
+answers --port P --model NAME [--context N] [--tools] [--reasoning]
+    prints the correctness gate's answers as JSON (answers.py): fixed greedy prompts twice, the
+    context limit probed, the tool-call and reasoning parsers exercised
+models --port P
+    prints each served model's context length from /v1/models as JSON: {"NAME": max_model_len}
 metrics --port P
     prints vLLM's load from its /metrics as JSON: {"running": n, "waiting": n, "tokens": total,
-    "prompt_tokens": total, "kv_cache": fraction}
+    "prompt_tokens": total, "kv_cache": fraction, "prefix_queries": total, "prefix_hits": total}
 wait-for HOST:PORT --seconds S
     waits until a TCP connection to HOST:PORT succeeds
 facts --interface IF --ip IP --listen PORT --peers IP[,IP...] [--api-port P] [--model PATH]
@@ -54,6 +59,7 @@ from collections.abc import Callable
 LIB = "/usr/local/lib/vllm-compose"
 sys.path.insert(1, LIB)
 
+from answers import gate, headers  # noqa: E402
 from canary import Canary  # noqa: E402
 from facts import facts  # noqa: E402
 from gpus import meminfo, report  # noqa: E402
@@ -61,10 +67,9 @@ from group import from_environment, run  # noqa: E402
 from raychecks import check_ray, print_nodes, print_slots  # noqa: E402
 from transfer import connect, manifest, receive, send  # noqa: E402
 
-API_KEY = "/run/secrets/api_key"
 # Commands that print their result (JSON or a stream) instead of "<command> ok".
 QUIET = (
-    *("nodes", "slots", "metrics", "facts", "gpus", "drop-caches"),
+    *("nodes", "slots", "metrics", "models", "answers", "facts", "gpus", "drop-caches"),
     *("manifest", "send", "receive", "supervise"),
 )
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -75,15 +80,11 @@ def check_serve(args: argparse.Namespace) -> str | None:
     request = {"model": args.model, "prompt": args.prompt if golden else "ping", "max_tokens": 1}
     if golden:
         request.update(max_tokens=args.max_tokens, temperature=0)
-    headers = {"Content-Type": "application/json"}
-    if os.path.exists(API_KEY):  # the serve container's secret; never on a command line
-        with open(API_KEY) as f:
-            headers["Authorization"] = f"Bearer {f.read().strip()}"
     url = f"http://127.0.0.1:{args.port}/v1/completions"
     body = json.dumps(request).encode()
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, data=body, headers=headers), timeout=args.timeout
+            urllib.request.Request(url, data=body, headers=headers()), timeout=args.timeout
         ) as response:
             choices = json.load(response).get("choices")
     except (OSError, urllib.error.URLError, ValueError) as e:
@@ -93,6 +94,18 @@ def check_serve(args: argparse.Namespace) -> str | None:
     text = str(choices[0].get("text", ""))
     if golden and not re.search(args.expect, text):
         return f"the golden prompt's answer {text[:200]!r} does not match {args.expect!r}"
+    return None
+
+
+def print_models(args: argparse.Namespace) -> str | None:
+    url = f"http://127.0.0.1:{args.port}/v1/models"
+    try:
+        request = urllib.request.Request(url, headers=headers())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = json.load(response).get("data") or []
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        return f"{url} failed: {e}"
+    print(json.dumps({m.get("id"): m.get("max_model_len") for m in data}, sort_keys=True))
     return None
 
 
@@ -112,6 +125,8 @@ LOAD = {
     "vllm:generation_tokens_total": "tokens",
     "vllm:prompt_tokens_total": "prompt_tokens",
     "vllm:kv_cache_usage_perc": "kv_cache",  # a fraction; the fullest engine's
+    "vllm:prefix_cache_queries_total": "prefix_queries",  # prompt tokens looked up
+    "vllm:prefix_cache_hits_total": "prefix_hits",  # of them, found in the cache
 }
 
 
@@ -187,11 +202,18 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-tokens", type=int, default=16)
     for name in ("nodes", "slots"):
         sub.add_parser(name).add_argument("--address", required=True)
-    sub.add_parser("metrics").add_argument("--port", type=int, required=True)
+    for name in ("metrics", "models"):
+        sub.add_parser(name).add_argument("--port", type=int, required=True)
     wait = sub.add_parser("wait-for")
     wait.add_argument("target")
     wait.add_argument("--seconds", type=float, default=300)
     _facts_arguments(sub.add_parser("facts"))
+    answers = sub.add_parser("answers")
+    answers.add_argument("--port", type=int, required=True)
+    answers.add_argument("--model", required=True)
+    answers.add_argument("--context", type=int, help="max_model_len, to probe the limit")
+    answers.add_argument("--tools", action="store_true")
+    answers.add_argument("--reasoning", action="store_true")
     sub.add_parser("gpus")
     sub.add_parser("drop-caches")
     sub.add_parser("manifest").add_argument("path")
@@ -235,6 +257,8 @@ CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
     "slots": print_slots,
     "serve": check_serve,
     "metrics": print_load,
+    "models": print_models,
+    "answers": lambda a: print(json.dumps(gate(a.port, a.model, a.context, a.tools, a.reasoning))),
     "wait-for": wait_for,
     "facts": lambda args: facts(args),  # prints; never fails
     "gpus": lambda _: print(json.dumps(report(), sort_keys=True)),  # never fails

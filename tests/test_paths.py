@@ -114,7 +114,7 @@ def test_a_history_entry_that_is_a_link_is_never_read(place: Path) -> None:
 def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
     place: Path, side: str
 ) -> None:
-    from generator import bench, evidence, history, stamps
+    from generator import bench, benchruns, evidence, history, stamps
     from generator.errors import UnsafePath
 
     config = place / "c.yaml"
@@ -122,7 +122,7 @@ def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
     write: dict[str, tuple[Path, Callable[[], object]]] = {
         "history": (history.folder_for(config), lambda: history.record(config, "x", None)),
         "logs": (config.with_name("c.logs"), lambda: evidence.last_start(place / "c.logs", {})),
-        "bench": (place / "c.bench", lambda: bench.save(config, None, sweep, [])),
+        "bench": (place / "c.bench", lambda: benchruns.save(config, None, sweep, [])),
         "stamps": (stamps.path_for(config), lambda: stamps.record(config, "/m", {})),
     }
     where, act = write[side]

@@ -56,6 +56,7 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
             "Dockerfile",
             "compose.yaml",
             "contexts.env",
+            "image/answers.py",
             "image/canary.py",
             "image/entrypoint.sh",
             "image/facts.py",

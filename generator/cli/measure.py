@@ -1,21 +1,33 @@
-"""The command that measures the endpoint: bench."""
+"""The commands that measure the endpoint: bench (its speed) and check (its answers)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from generator import bench as benchmark
+from generator import benchruns, gate
 from generator.cli.app import ConfigArg, JsonOpt, OutdirOpt, app, err, open_config, out
+from generator.errors import VllmComposeError
 
+# (heading, field): narrow enough for 80 columns (times in ms; "srv": as the server counted
+# them); every field is in the saved JSON.
 COLUMNS = [
-    ("concurrency", "max_concurrency"), ("req/s", "request_throughput"),
-    ("out tok/s", "output_throughput"), ("TTFT p50 ms", "median_ttft_ms"),
-    ("TTFT p99 ms", "p99_ttft_ms"), ("TPOT p50 ms", "median_tpot_ms"),
-    ("TPOT p99 ms", "p99_tpot_ms"), ("ITL p50 ms", "median_itl_ms"), ("ITL p99 ms", "p99_itl_ms"),
+    ("conc", "max_concurrency"), ("req/s", "request_throughput"),
+    ("out tok/s", "output_throughput"), ("srv tok/s", "served_output_throughput"),
+    ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+    ("TPOT p50", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("failed", "failed"),
 ]  # fmt: skip
+
+INPUT = "Prompt tokens per request \\[default: 256, or half the model's context]."
+PROMPTS = "Requests per concurrency."
+PREFIX = "Prompts that share prefixes: the prefix cache's hit rate, from vLLM's counters."
+REPEAT = "Runs per concurrency: the median and the spread."
+OUTPUT = "Generated tokens per request \\[default: 128, or a quarter of the context]."
 
 
 @app.command()
@@ -26,58 +38,107 @@ def bench(
         list[int] | None,
         typer.Option(min=1, max=4096, help="A concurrency to run; repeat it \\[default: 1 4 16]."),
     ] = None,
-    prompts: Annotated[
-        int, typer.Option(min=1, max=100_000, help="Requests per concurrency.")
-    ] = 32,
-    input_len: Annotated[
-        int, typer.Option(min=1, max=10_000_000, help="Prompt tokens per request.")
-    ] = 256,
-    output_len: Annotated[
-        int, typer.Option(min=1, max=10_000_000, help="Generated tokens per request.")
-    ] = 128,
+    prompts: Annotated[int, typer.Option(min=1, max=100_000, help=PROMPTS)] = 32,
+    input_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=INPUT)] = None,
+    output_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=OUTPUT)] = None,
+    repeat: Annotated[int, typer.Option(min=1, max=20, help=REPEAT)] = 1,
+    prefix: Annotated[bool, typer.Option("--prefix", help=PREFIX)] = False,
     compare: Annotated[
         bool, typer.Option("--compare", help="Against the latest run under the lock before.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """vLLM's `vllm bench serve` from the serve image against the endpoint, over a sweep of
-    concurrencies: a table of TTFT, TPOT and ITL percentiles and throughput; kept as JSON and a
-    throughput-latency plot (PNG) per lock beside the config."""
+    concurrencies: a table of TTFT and TPOT percentiles, throughput and failed requests; kept
+    as JSON and a throughput-latency plot (PNG) per lock beside the config. Exits 1 when any
+    request failed (the run is kept, marked failed, and never compared with)."""
     opened = open_config(path, outdir)
-    sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, input_len, output_len)
-    results = benchmark.run(opened.fleet, sweep)
-    saved = benchmark.save(path, opened.locked, sweep, results)
+    fleet, c = opened.fleet, opened.cluster
+    lengths = benchmark.fit(input_len, output_len, benchmark.context(fleet))
+    sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, *lengths, repeat, prefix)
+    err.print(f"bench: {sweep.input_len} prompt + {sweep.output_len} generated tokens per request")
+    results = benchmark.run(fleet, sweep)
+    heading = benchruns.title(c.name, c.served_model_name, opened.locked)
+    saved = benchruns.save(path, opened.locked, sweep, results, heading)
+    _show(results, saved, as_json, prefix)
+    failed = benchmark.failures(results)
+    if failed:
+        raise VllmComposeError(
+            f"bench: requests failed ({'; '.join(failed)})",
+            hint=f"the run is kept as failed ({saved.name}) and never compared with",
+        )
+    if compare:
+        before = benchruns.previous(path, opened.locked)
+        for line in benchruns.changes(before["results"], results):
+            err.print(line)
+
+
+def _show(results: list[dict[str, Any]], saved: Path, as_json: bool, prefix: bool) -> None:
     if as_json:
         out.print_json(data={"results": results, "saved": str(saved)})
     else:
         out.print(_table(results))
         out.print(f"saved: {saved} (plot: {saved.with_suffix('.png').name})")
-    if compare:
-        before = benchmark.previous(path, opened.locked)
-        for line in _changes(before["results"], results):
-            err.print(line)
+    for r in results:
+        if prefix and r.get("prefix_cache_hit_rate") is not None:
+            err.print(f"bench: concurrency {r['max_concurrency']}: the prefix cache answered"
+                      f" {r['prefix_cache_hit_rate']:.0%} of prompt tokens")  # fmt: skip
+        if r.get("spec_decode_acceptance_rate") is not None:
+            err.print(f"bench: concurrency {r['max_concurrency']}: speculative decoding accepted"
+                      f" {r['spec_decode_acceptance_rate']:.1f}% of draft tokens")  # fmt: skip
 
 
 def _table(results: list[dict[str, Any]]) -> Table:
-    table = Table(*(name for name, _ in COLUMNS))
+    table = Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    for name, _ in COLUMNS:
+        table.add_column(name, justify="right", no_wrap=True)
     for r in results:
-        table.add_row(*("-" if r[key] is None else f"{r[key]:.4g}" for _, key in COLUMNS))
+        table.add_row(*(_cell(r, key) for _, key in COLUMNS))
     return table
 
 
-def _changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
-    """Per concurrency run both times: output throughput and median TTFT, then and now."""
-    then = {r["max_concurrency"]: r for r in before}
-    lines = []
-    for r in now:
-        old = then.get(r["max_concurrency"])
-        if old is None or not old["output_throughput"] or not old["median_ttft_ms"]:
-            continue
-        tput = 100 * (r["output_throughput"] / old["output_throughput"] - 1)
-        ttft = 100 * (r["median_ttft_ms"] / old["median_ttft_ms"] - 1)
-        lines.append(
-            f"compare: concurrency {r['max_concurrency']}: output {old['output_throughput']:.4g}"
-            f" -> {r['output_throughput']:.4g} tok/s ({tput:+.1f}%), TTFT p50"
-            f" {old['median_ttft_ms']:.4g} -> {r['median_ttft_ms']:.4g} ms ({ttft:+.1f}%)"
-        )
-    return lines or ["compare: no concurrency was run both times"]
+def _cell(r: dict[str, Any], key: str) -> str:
+    value = r.get(key)
+    if value is None:
+        return "-"
+    spread = r.get(f"{key}_spread")
+    if spread and spread[1] > spread[0]:
+        return f"{_figure(value)}±{_figure((spread[1] - spread[0]) / 2)}"
+    return _figure(value)
+
+
+def _figure(value: float) -> str:
+    """Whole above 100, else three significant digits: 12346, 57.3, 0.812."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+@app.command()
+def check(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    record: Annotated[
+        bool, typer.Option("--record", help="Record these answers as the golden ones.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The correctness gate, run inside serve: greedy prompts twice give the same tokens, and
+    the tokens recorded beside the config (the first check records them); a prompt of exactly
+    the model's context answered and one token more refused; the tool-call and reasoning
+    parsers, when the args name them. Exits 1 when a gate fails."""
+    opened = open_config(path, outdir)
+    opened.fleet.report("check: asking the served model")
+    found = gate.ask(opened.fleet)
+    before = None if record else gate.recorded(path)
+    verdicts = gate.judge(found, before)
+    if before is None and verdicts[0].ok:  # only answers that repeat are worth keeping
+        said = "replaced" if gate.path_for(path).exists() else "recorded"
+        err.print(f"check: golden answers {said}: {gate.record(path, found, opened.locked)}")
+    report = gate.report(verdicts)
+    if as_json:
+        out.print_json(data=report)
+    else:
+        for verdict in verdicts:
+            out.print(verdict.line())
+    if not report["ok"]:
+        failed = [v.gate for v in verdicts if v.ok is False]
+        raise VllmComposeError(f"check failed: {', '.join(failed)}")
