@@ -15,7 +15,7 @@ from pathlib import Path
 
 from python_on_whales import DockerException
 
-from generator import config, history, lock, probes
+from generator import config, gate, history, lock, probes
 from generator.deploy import Result
 from generator.errors import PhaseError, RolledBack, VllmComposeError, reason
 from generator.workflow import Opened
@@ -35,8 +35,10 @@ class Switched:
     entry: history.Entry  # what serves now
 
 
-def upgrade(path: Path, open_: Open) -> Switched:
-    """Stage, switch, check; on a failed switch or check, the previous stack again."""
+def upgrade(path: Path, open_: Open, accept_changed_answers: bool = False) -> Switched:
+    """Stage, switch, check; on a failed switch or check, the previous stack again. With
+    `accept_changed_answers`, answers that differ from those `check` recorded are recorded anew
+    instead of failing the canary."""
     previous = history.latest(path)
     if previous is None:
         raise VllmComposeError(
@@ -53,7 +55,7 @@ def upgrade(path: Path, open_: Open) -> Switched:
         except (VllmComposeError, DockerException):
             _restore_files(path, previous, open_)
             raise
-        return _switch(path, staged, result, previous, open_)
+        return _switch(path, staged, result, previous, open_, accept_changed_answers)
 
 
 def rollback(path: Path, open_: Open) -> Switched:
@@ -71,7 +73,12 @@ def rollback(path: Path, open_: Open) -> Switched:
 
 
 def _switch(
-    path: Path, staged: Opened, result: Result, previous: history.Entry, open_: Open
+    path: Path,
+    staged: Opened,
+    result: Result,
+    previous: history.Entry,
+    open_: Open,
+    accept: bool,
 ) -> Switched:
     fleet = staged.fleet
     start = time.monotonic()
@@ -80,6 +87,7 @@ def _switch(
         fleet.down(volumes=False, stop=SWITCH_STOP)
         staged.deployment.start(result)
         golden(staged)
+        answers(path, staged, accept)
     except (VllmComposeError, DockerException) as e:
         if isinstance(e, PhaseError) and e.phase == "canary":
             staged.deployment.take_down("canary failed", "taken down")
@@ -88,7 +96,8 @@ def _switch(
         except (VllmComposeError, DockerException) as again:
             said = f"upgrade failed: {reason(e)}; the rollback to {previous.when} failed too"
             raise VllmComposeError(f"{said}: {reason(again)}") from again
-        raise RolledBack(reason(e), previous.when) from e
+        hint = e.hint if isinstance(e, VllmComposeError) else None
+        raise RolledBack(reason(e), previous.when, hint) from e
     entry = history.record(path, staged.config_text, lock.read(path))
     return Switched(result, time.monotonic() - start, entry)
 
@@ -107,6 +116,26 @@ def golden(opened: Opened) -> None:
     except DockerException as e:
         said = reason(e).removeprefix(f"{probes.HEALTH}: ")
         raise PhaseError(fleet.head.name, "canary", said) from None
+
+
+def answers(path: Path, opened: Opened, accept: bool) -> None:
+    """The answers `check` recorded, asked of the new group: a change fails the canary, unless
+    accepted (then the new answers are recorded)."""
+    before = gate.recorded(path)
+    if before is None:
+        return
+    fleet = opened.fleet
+    fleet.report("canary: asking the prompts `check` recorded answers to")
+    found = gate.ask(fleet)
+    verdict = gate.golden(found, before)
+    if verdict.ok is not False:
+        return
+    if not accept:
+        said = f"the answers changed: {verdict.said}"
+        hint = "keep the new answers with: upgrade --accept-changed-answers"
+        raise PhaseError(fleet.head.name, "canary", said, hint=hint)
+    fleet.report(f"canary: the answers changed ({verdict.said}); accepted and recorded")
+    gate.record(path, found, opened.locked)
 
 
 def _restart(path: Path, previous: history.Entry, open_: Open) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from generator import upgrade as upgrading
 from generator import workflow
@@ -37,12 +39,22 @@ def served(result: Result) -> None:
 
 
 @app.command()
-def upgrade(path: ConfigArg, outdir: OutdirOpt = None) -> None:
+def upgrade(
+    path: ConfigArg,
+    outdir: OutdirOpt = None,
+    accept: Annotated[
+        bool,
+        typer.Option(
+            "--accept-changed-answers", help="Keep the new group when its answers changed."
+        ),
+    ] = False,
+) -> None:
     """Move the serving group to the changed config. Staged while the old group serves (re-lock,
     image on every node, secrets, preflight); then the old group stops and the new one starts
-    behind its gate and the config's golden prompt (canary). If it fails, the stack that served
-    before starts again by itself. Each stack that served is kept in CONFIG-STEM.history/."""
-    report(upgrading.upgrade(path, _opener(outdir)))
+    behind its gate, the config's golden prompt and the answers `check` recorded (canary). If
+    it fails, the stack that served before starts again by itself. Each stack that served is
+    kept in CONFIG-STEM.history/."""
+    report(upgrading.upgrade(path, _opener(outdir), accept_changed_answers=accept))
 
 
 @app.command()
