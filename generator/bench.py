@@ -62,19 +62,6 @@ def fit(input_len: int | None, output_len: int | None, limit: int | None) -> tup
     return found
 
 
-def context(fleet: Fleet) -> int | None:
-    """The served model's max_model_len: the config's, else what vLLM's /v1/models says."""
-    c = fleet.cluster
-    if c.vllm.max_model_len:
-        return c.vllm.max_model_len
-    try:
-        said = json.loads(fleet.execute(fleet.head, "serve", probes.models(c.vllm.port)))
-    except DockerException as e:
-        raise PhaseError(fleet.head.name, "bench", f"/v1/models: {reason(e)}") from None
-    limit = said.get(c.served_model_name)
-    return int(limit) if limit else None
-
-
 def command(fleet: Fleet, sweep: Sweep, concurrency: int) -> list[str]:
     """The shell line run in serve: the key read from its secret file into the benchmark's
     environment (vLLM sends OPENAI_API_KEY as the bearer token), then the result printed."""

@@ -20,8 +20,7 @@ from typing import Any
 
 from python_on_whales import DockerException
 
-from generator import lock, probes, sidefiles
-from generator.bench import context
+from generator import lock, probes, served, sidefiles
 from generator.errors import PhaseError, reason
 from generator.fleet import Fleet
 from generator.output import write_atomic
@@ -42,7 +41,7 @@ def ask(fleet: Fleet) -> dict[str, Any]:
     """The gate's answers from the served model, asked inside the head's serve."""
     c = fleet.cluster
     args = " ".join(c.vllm.args)
-    probe = probes.answers(c.vllm.port, c.served_model_name, context(fleet),
+    probe = probes.answers(c.vllm.port, c.served_model_name, served.context(fleet, "check"),
                            tools="--tool-call-parser" in args,
                            reasoning="--reasoning-parser" in args)  # fmt: skip
     try:

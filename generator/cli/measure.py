@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 from generator import bench as benchmark
-from generator import benchruns, gate
+from generator import benchruns, gate, served
 from generator.cli.app import ConfigArg, JsonOpt, OutdirOpt, app, err, open_config, out
 from generator.errors import VllmComposeError
 
@@ -54,7 +54,7 @@ def bench(
     request failed (the run is kept, marked failed, and never compared with)."""
     opened = open_config(path, outdir)
     fleet, c = opened.fleet, opened.cluster
-    lengths = benchmark.fit(input_len, output_len, benchmark.context(fleet))
+    lengths = benchmark.fit(input_len, output_len, served.context(fleet, "bench"))
     sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, *lengths, repeat, prefix)
     err.print(f"bench: {sweep.input_len} prompt + {sweep.output_len} generated tokens per request")
     results = benchmark.run(fleet, sweep)

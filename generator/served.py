@@ -1,0 +1,24 @@
+"""What the served model says of itself, asked inside the head's serve container."""
+
+from __future__ import annotations
+
+import json
+
+from python_on_whales import DockerException
+
+from generator import probes
+from generator.errors import PhaseError, reason
+from generator.fleet import Fleet
+
+
+def context(fleet: Fleet, phase: str) -> int | None:
+    """The served model's max_model_len: the config's, else what vLLM's /v1/models says."""
+    c = fleet.cluster
+    if c.vllm.max_model_len:
+        return c.vllm.max_model_len
+    try:
+        said = json.loads(fleet.execute(fleet.head, "serve", probes.models(c.vllm.port)))
+    except DockerException as e:
+        raise PhaseError(fleet.head.name, phase, f"/v1/models: {reason(e)}") from None
+    limit = said.get(c.served_model_name)
+    return int(limit) if limit else None
