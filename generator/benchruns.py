@@ -76,22 +76,24 @@ def previous(config: Path, locked: lock.Lock | None) -> dict[str, Any]:
     """The latest run with no failed request under another lock (the one before)."""
     here = folder(config, locked)
     others = [p for p in here.parent.glob("*/*.json") if p.parent != here]
-    clean = [p for p in others if not sidefiles.problem(p) and not _failed(p)]
-    if not clean:
-        raise VllmComposeError(
-            f"{config}: no run without failed requests under another lock to compare with",
-            hint="run `vllm-compose bench` before the upgrade, then again after it",
-        )
-    found: dict[str, Any] = json.loads(max(clean, key=lambda p: p.name).read_text())
-    return found
+    for path in sorted(others, key=lambda p: p.name, reverse=True):
+        found = None if sidefiles.problem(path) else _clean(path)
+        if found is not None:
+            return found
+    raise VllmComposeError(
+        f"{config}: no run without failed requests under another lock to compare with",
+        hint="run `vllm-compose bench` before the upgrade, then again after it",
+    )
 
 
-def _failed(path: Path) -> bool:
+def _clean(path: Path) -> dict[str, Any] | None:
+    """The run kept at `path`, or None when it failed a request or cannot be read."""
     try:
-        run_ = json.loads(path.read_text(encoding="utf-8"))
+        run_: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return True  # unreadable: never a baseline
-    return bool(run_.get("failed")) or any(r.get("failed") for r in run_.get("results", []))
+        return None  # unreadable: never a baseline
+    failed = run_.get("failed") or any(r.get("failed") for r in run_.get("results", []))
+    return None if failed else run_
 
 
 def changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
