@@ -20,7 +20,7 @@ from typing import Any
 from python_on_whales import DockerException
 
 from generator import probes
-from generator.errors import OptionError, PhaseError, reason
+from generator.errors import OptionError, PhaseError, last_line, reason
 from generator.fleet import Fleet
 
 API_KEY = "/run/secrets/api_key"  # as Compose mounts it in serve (stack.py)
@@ -72,7 +72,7 @@ def command(fleet: Fleet, sweep: Sweep, concurrency: int) -> list[str]:
         "--model", c.served_model_name, "--tokenizer", c.model.path,
         *dataset(sweep), "--num-prompts", str(sweep.prompts),
         "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result",
+        "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--save-detailed",
         "--result-dir", str(Path(RESULT).parent), "--result-filename", Path(RESULT).name,
     ]  # fmt: skip
     line = f'OPENAI_API_KEY="$(cat {API_KEY})" {shlex.join(bench)} >&2 && cat {RESULT}'
@@ -118,7 +118,10 @@ def once(fleet: Fleet, sweep: Sweep, concurrency: int) -> dict[str, Any]:
         raise PhaseError(fleet.head.name, "bench", said) from None
     result = json.loads(said)
     kept = {k: result.get(k) for k in FIELDS}
-    kept["first_error"] = next((e for e in result.get("errors") or [] if e), None)
+    # vLLM's client keeps an HTTP error's reason alone ("Not Found"): the server's own message
+    # is asked for with one request of ours, when it fails too.
+    said_by_client = next((last_line(e) for e in result.get("errors") or [] if e), None)
+    kept["first_error"] = (_server_said(fleet) if kept.get("failed") else None) or said_by_client
     after = _load(fleet)
     if before and after and result.get("duration"):
         kept["served_output_throughput"] = (after["tokens"] - before["tokens"]) / result["duration"]
@@ -126,6 +129,16 @@ def once(fleet: Fleet, sweep: Sweep, concurrency: int) -> dict[str, Any]:
         hits = after.get("prefix_hits", 0) - before.get("prefix_hits", 0)
         kept["prefix_cache_hit_rate"] = hits / queries if queries > 0 else None
     return kept
+
+
+def _server_said(fleet: Fleet) -> str | None:
+    """Why the server fails a plain completion of the served model, or None when it answers."""
+    c = fleet.cluster
+    try:
+        fleet.execute(fleet.head, "serve", probes.serve(c.vllm.port, c.served_model_name))
+    except DockerException as e:
+        return reason(e).removeprefix("vllm-compose-health: ")
+    return None
 
 
 def _load(fleet: Fleet) -> dict[str, float] | None:

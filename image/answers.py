@@ -58,14 +58,19 @@ def post(port: int, path: str, body: dict[str, Any], timeout: float = 120) -> tu
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as e:
-        with e:
-            text = e.read().decode(errors="replace")
-        try:
-            return e.code, json.loads(text)
-        except ValueError:
-            return e.code, text
+        return e.code, body_of(e)
     except (OSError, ValueError) as e:
         return 0, f"{url} failed: {e}"
+
+
+def body_of(e: urllib.error.HTTPError) -> Any:
+    """An HTTP error's body: its JSON, else its text."""
+    with e:
+        text = e.read().decode(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def answer(port: int, model: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def answer(port: int, model: str, prompt: str | list[int], max_tokens: int) -> d
             "return_token_ids": True, "logprobs": 0}  # fmt: skip
     status, said = post(port, "/v1/completions", body)
     if status != 200:
-        return {"status": status, "error": _error(said)}
+        return {"status": status, "error": error_text(said)}
     choice = said["choices"][0]
     return {
         "status": status,
@@ -98,7 +103,7 @@ def chat(port: int, model: str, text: str, **more: Any) -> dict[str, Any]:
             "temperature": 0, **more}  # fmt: skip
     status, said = post(port, "/v1/chat/completions", body)
     if status != 200:
-        return {"status": status, "error": _error(said)}
+        return {"status": status, "error": error_text(said)}
     message = said["choices"][0].get("message") or {}
     return {
         "status": status,
@@ -122,7 +127,7 @@ def gate(port: int, model: str, limit: int | None, tools: bool, reasoning: bool)
     return found
 
 
-def _error(said: Any) -> str:
+def error_text(said: Any) -> str:
     if isinstance(said, dict):
         error = said.get("error")
         message = error.get("message") if isinstance(error, dict) else error or said

@@ -59,7 +59,7 @@ from collections.abc import Callable
 LIB = "/usr/local/lib/vllm-compose"
 sys.path.insert(1, LIB)
 
-from answers import gate, headers  # noqa: E402
+from answers import body_of, error_text, gate, headers  # noqa: E402
 from canary import Canary  # noqa: E402
 from facts import facts  # noqa: E402
 from gpus import meminfo, report  # noqa: E402
@@ -87,6 +87,8 @@ def check_serve(args: argparse.Namespace) -> str | None:
             urllib.request.Request(url, data=body, headers=headers()), timeout=args.timeout
         ) as response:
             choices = json.load(response).get("choices")
+    except urllib.error.HTTPError as e:  # the server's own message, as a client would read it
+        return f"completion at {url} failed: HTTP {e.code}: {error_text(body_of(e))}"
     except (OSError, urllib.error.URLError, ValueError) as e:
         return f"completion at {url} failed: {e}"
     if not choices:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from matplotlib import image
+from python_on_whales import DockerException
 from rich.console import Console
 
 from generator import bench, benchruns
@@ -34,9 +35,11 @@ class FakeFleet:
     """Answers the benchmark with the given vLLM results in turn, and /metrics with a token
     counter that grows by `served` tokens per run."""
 
-    def __init__(self, answers: list[dict[str, Any]], served: float = 0) -> None:
+    def __init__(
+        self, answers: list[dict[str, Any]], served: float = 0, refused: str | None = None
+    ) -> None:
         self.cluster, self.head = SAMPLE, types.SimpleNamespace(name="spark1")
-        self.answers, self.served = answers, served
+        self.answers, self.served, self.refused = answers, served, refused
         self.counters = {"tokens": 0.0, "running": 0, "prefix_queries": 0.0, "prefix_hits": 0.0}
         self.said: list[str] = []
         self.commands: list[str] = []
@@ -48,6 +51,11 @@ class FakeFleet:
             self.counters["prefix_queries"] += 1000
             self.counters["prefix_hits"] += 600
             return json.dumps(self.answers.pop(0))
+        if args[1] == "serve":  # the one completion asked when requests failed
+            if self.refused:
+                said = f"vllm-compose-health: {self.refused}\n"
+                raise DockerException(["docker", "exec"], 1, stderr=said.encode())
+            return "vllm-compose-health: serve ok"
         return json.dumps(self.counters)
 
     def report(self, line: str) -> None:
@@ -107,6 +115,16 @@ def test_failed_requests_are_counted_with_the_servers_first_error_and_never_a_ba
     fleet = FakeFleet([vllm_result(0.0, failed=8, error=error)])
     found = bench.run(fleet, bench.Sweep([2], 8, 32, 16))  # type: ignore[arg-type]
     assert bench.failures(found) == [f"concurrency 2: 8 of 8 requests failed; first error: {error}"]
+    # vLLM's client keeps a traceback's last line; the server's own message comes first when a
+    # completion of ours fails too.
+    traceback = "Traceback (most recent call last):\n  ...\nTimeoutError: timed out\n"
+    timed_out = FakeFleet([vllm_result(0.0, failed=8, error=traceback)])
+    assert bench.run(timed_out, bench.Sweep([1], 8, 32, 16))[0]["first_error"] == (  # type: ignore[arg-type]
+        "TimeoutError: timed out"
+    )
+    server = "completion at http://127.0.0.1:8000/v1/completions failed: HTTP 404: no such model"
+    refused = FakeFleet([vllm_result(0.0, failed=8, error="Not Found")], refused=server)
+    assert bench.run(refused, bench.Sweep([1], 8, 32, 16))[0]["first_error"] == server  # type: ignore[arg-type]
     config = tmp_path / "c.yaml"
     saved = benchruns.save(config, None, SWEEP, found)
     assert json.loads(saved.read_text())["failed"] == 8

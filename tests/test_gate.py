@@ -5,6 +5,8 @@ and the gate's requests against a stand-in HTTP API: what they send, and how err
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,6 +113,9 @@ class Api(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append(body)
         prompt = body.get("prompt")
+        if body.get("model") == "elsewhere":
+            self._send(404, {"error": {"message": "The model `elsewhere` does not exist."}})
+            return
         if isinstance(prompt, list) and len(prompt) + body["max_tokens"] > 8:
             error = {"error": {"message": "This model's maximum context length is 8 tokens."}}
             self._send(400, error)
@@ -156,3 +161,17 @@ def test_the_gates_requests_greedy_with_token_ids_and_the_context_probed_by_ids(
     }  # fmt: skip
     verdicts = gate.judge(result, None)
     assert [v.ok for v in verdicts] == [True, None, True]
+
+
+def test_the_health_tools_completion_check_names_the_servers_own_message(api: int) -> None:
+    """What `bench` reports when its requests failed: the server's message, not only the HTTP
+    reason vLLM's benchmark client keeps."""
+    health = [sys.executable, "image/health.py", "serve", "--port", str(api)]
+    refused = subprocess.run([*health, "--model", "elsewhere"], capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"vllm-compose-health: completion at http://127.0.0.1:{api}/v1/completions failed:"
+        " HTTP 404: The model `elsewhere` does not exist."
+    )
+    answered = subprocess.run([*health, "--model", "tiny"], capture_output=True, text=True)
+    assert answered.returncode == 0, answered.stderr
