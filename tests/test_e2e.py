@@ -132,16 +132,8 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     screen = clusters.on_terminal(["top", path, "--interval", "1"], ["spark1", "spark2"], tmp)
     print(screen)
     assert "serve:" in screen and "running" in screen  # the table wraps in a narrow window
-    # bench: vLLM's own benchmark against the endpoint, kept as JSON and a plot.
-    sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4", "--input-len", "16"]
-    measured = cli("bench", path, *sweep, "--output-len", "8", "--json", cwd=tmp)
-    assert measured.returncode == 0, measured.stderr
-    print(measured.stdout)
-    saved = Path(json.loads(measured.stdout)["saved"])
-    results = json.loads(saved.read_text())["results"]
-    assert [r["max_concurrency"] for r in results] == [1, 2]
-    assert all(r["completed"] == 4 and None not in r.values() for r in results), results
-    assert image.imread(saved.with_suffix(".png")).shape[:2] == (400, 600)
+    bench_against(path, tmp)
+    check_against(path, tmp)
 
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
     # The field failure, on the same group: a dead worker leaves the head up and serving nothing.
@@ -150,6 +142,80 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
+
+
+def bench_against(path: Path, tmp: Path) -> None:
+    """bench: vLLM's own benchmark against the endpoint at its default lengths, which fit the
+    model's 256 tokens; kept as JSON and a plot. A sweep that cannot fit is refused before it
+    starts; requests the real server refuses surface its own error."""
+    sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4"]
+    measured = cli("bench", path, *sweep, "--json", cwd=tmp)
+    assert measured.returncode == 0, measured.stderr
+    print(measured.stdout, measured.stderr)
+    assert "bench: 128 prompt + 64 generated tokens per request" in measured.stderr
+    saved = Path(json.loads(measured.stdout)["saved"])
+    kept = json.loads(saved.read_text())
+    assert kept["failed"] == 0 and kept["sweep"]["input_len"] == 128
+    results = kept["results"]
+    assert [r["max_concurrency"] for r in results] == [1, 2]
+    for r in results:  # the server counted the tokens the client did (plus the canary's few)
+        assert r["completed"] == 4 and r["failed"] == 0 and r["first_error"] is None, r
+        assert r["served_output_throughput"] > 0, r
+    assert image.imread(saved.with_suffix(".png")).shape[:2] == (400, 600)
+    refused = cli("bench", path, "--input-len", "250", cwd=tmp)
+    assert refused.returncode == 2, refused.stderr
+    assert "--input-len 250: 250 prompt + 64 generated tokens do not fit" in refused.stderr
+    assert len(list(saved.parent.iterdir())) == 2  # the run and its plot, nothing more saved
+    # The prefix cache's probe: a shared prefix of 144 tokens fills one of the CPU's 128-token
+    # blocks, which the later requests find in the cache (vLLM's own counters).
+    probe = ["--prefix", "--concurrency", "2", "--prompts", "4", "--input-len", "192"]
+    prefixed = cli("bench", path, *probe, "--output-len", "16", "--json", cwd=tmp)
+    assert prefixed.returncode == 0, prefixed.stderr
+    rate = json.loads(prefixed.stdout)["results"][0]["prefix_cache_hit_rate"]
+    print(prefixed.stderr, rate)
+    assert rate is not None and 0 <= rate <= 1, prefixed.stdout
+    # A server that fails every request (the config, edited and not deployed, names a model it
+    # does not serve): exit 1 with the server's own message; the run is kept marked failed.
+    text, kept_files = path.read_text(), set(saved.parent.parent.rglob("*.json"))
+    path.write_text(text.replace("vllm: {", "vllm: {served_model_name: elsewhere, ", 1))
+    try:
+        failed = cli("bench", path, "--concurrency", "1", "--prompts", "4", cwd=tmp)
+    finally:
+        path.write_text(text)
+    print(failed.stderr)
+    assert failed.returncode == 1, failed.stderr
+    assert "elsewhere" in failed.stderr and "does not exist" in failed.stderr, failed.stderr
+    assert "HTTP 404: The model `elsewhere` does not exist." in failed.stderr, failed.stderr
+    [kept_failed] = set(saved.parent.parent.rglob("*.json")) - kept_files
+    assert json.loads(kept_failed.read_text())["failed"] == 4
+
+
+def check_against(path: Path, tmp: Path) -> None:
+    """check on the real model: the first records its answers, the next matches them; an answer
+    edited in the record is named with its prompt and token."""
+    first = cli("check", path, cwd=tmp)
+    print(first.stdout, first.stderr)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        "check: determinism: ok: 4 greedy prompts asked twice gave the same tokens",
+        "check: golden: skipped: no answers recorded yet: these are recorded now",
+        "check: context: ok: 256 tokens answered, 257 refused cleanly (400)",
+    ]
+    answers = tmp / "native.answers.json"
+    assert f"check: golden answers recorded: {answers}" in first.stderr
+    again = cli("check", path, cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    assert "check: golden: ok: the 4 recorded answers, unchanged" in again.stdout
+    kept = json.loads(answers.read_text())
+    kept["answers"][1]["ids"][2] += 1
+    answers.write_text(json.dumps(kept))
+    changed = cli("check", path, cwd=tmp)
+    print(changed.stdout, changed.stderr)
+    assert changed.returncode == 1
+    assert "check: golden: FAILED: prompt 2 of 4 against the recorded: token 3 differs" in (
+        changed.stdout
+    )
+    assert "check failed: golden" in changed.stderr
 
 
 def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:

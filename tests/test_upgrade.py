@@ -1,7 +1,8 @@
 """`upgrade` and `rollback` with real vLLM (native backend) on the emulated pair: a staging
 failure never touches the serving group; a new base image whose vLLM fails at start, and a new
 config whose golden prompt gets the wrong answer, both roll back by themselves and the old stack
-answers; a good upgrade serves, and `rollback` goes back to the stack before it."""
+answers; `check` records the healthy group's answers, a good upgrade that changes them is named
+by its canary and, accepted, serves; and `rollback` goes back to the stack before it."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert cli("up", path, cwd=tmp, timeout=600).returncode == 0
     key, lock_file = clusters.api_key(path), tmp / "upg.lock.json"
     before, first_lock = serving_ids(bed), lock_file.exists() and lock_file.read_text()
+    checked = cli("check", path, cwd=tmp)
+    assert checked.returncode == 0, checked.stderr
+    recorded = (tmp / "upg.answers.json").read_text()
 
     # Staging fails (no such image anywhere): the old group is never touched.
     path.write_text(good.replace(f"image: {images.VLLM}", "image: nowhere/none:1"))
@@ -77,11 +81,18 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert "does not match '^never this$'; rolled back" in wrong.stderr, wrong.stderr
     assert answers(worker, key)
 
-    # A good upgrade (any answer matches), then rollback to the stack before it.
-    path.write_text(good.replace("max_model_len: 256", "max_model_len: 200")
+    # A good upgrade (any answer matches) whose repetition penalty changes the greedy answers
+    # `check` recorded: named, accepted and recorded anew; then rollback to the stack before it.
+    penalty = "--enforce-eager, --override-generation-config, '{\"repetition_penalty\": 3.0}'"
+    changed = good.replace("max_model_len: 256", "max_model_len: 200")
+    path.write_text(changed.replace("--enforce-eager", penalty)
                     + "canary: {prompt: 'Hello', expect: '(?s).'}\n")  # fmt: skip
-    upgraded = cli("upgrade", path, cwd=tmp, timeout=900)
+    upgraded = cli("upgrade", path, "--accept-changed-answers", cwd=tmp, timeout=900)
+    print(upgraded.stderr)
     assert upgraded.returncode == 0, upgraded.stderr
+    assert "canary: the answers changed (prompt " in upgraded.stderr
+    assert "); accepted and recorded" in upgraded.stderr
+    assert (tmp / "upg.answers.json").read_text() != recorded
     assert "downtime: " in upgraded.stdout and answers(worker, key)
     assert max_model_len(head) == 200
     back = cli("rollback", path, cwd=tmp, timeout=900)
