@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,23 @@ def test_a_seconds_option_takes_exactly_the_values_in_its_range(
     assert exited.value.code == 2
     refused = "Invalid value for" in said.getvalue()
     assert refused == (not low <= value <= high), (argv, said.getvalue())
+
+
+def test_the_command_list_gives_each_command_one_line_its_first_sentence() -> None:
+    """`--help`'s command list: one line per command at a wide terminal (Typer would carry the
+    docstrings' hard line breaks into it); each command's own help keeps its whole text."""
+    from generator.cli import app
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "generator", "--help"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    box = [line for line in listed.stdout.split("Commands")[1].splitlines() if "│" in line]
+    assert len(box) == len(app.registered_commands), listed.stdout
+    assert any(
+        "│ upgrade     Move the serving group to the changed config. " in line for line in box
+    )
+    whole = run("upgrade", "--help").stdout
+    assert "If it fails, the stack that served before starts again by itself" in " ".join(
+        whole.replace("│", " ").split()
+    )

@@ -7,6 +7,8 @@ from generator.cli import (  # noqa: F401 - each registers its commands
     measure,
     release,
 )
-from generator.cli.app import app, main
+from generator.cli.app import app, main, summarise
+
+summarise(app)  # once every command is registered
 
 __all__ = ["app", "main"]

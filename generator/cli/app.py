@@ -126,6 +126,16 @@ def change_line(change: output.Change, dry_run: bool) -> str:
     return f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}{secret}"
 
 
+def summarise(typer_app: typer.Typer) -> None:
+    """Each command's line in `--help`: its docstring's first sentence on one line (Typer shows
+    the docstring's hard line breaks there otherwise). Its own `--help` keeps the whole text."""
+    for command in typer_app.registered_commands:
+        doc = command.help or (command.callback.__doc__ if command.callback else None) or ""
+        text = " ".join(doc.split())
+        end = text.find(". ")
+        command.short_help = text if end < 0 else text[: end + 1]
+
+
 def main() -> None:
     try:
         app()
