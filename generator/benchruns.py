@@ -50,8 +50,12 @@ def title(cluster: str, model: str, locked: lock.Lock | None) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path, heading: str) -> None:
-    """Output tokens per second against median time per output token, a point per concurrency."""
-    import matplotlib
+    """Output tokens per second against median time per output token, a point per concurrency;
+    none without matplotlib (an extra: `vllm-compose[plot]`)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
 
     matplotlib.use("Agg")
     from matplotlib import pyplot

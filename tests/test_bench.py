@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,16 @@ def test_the_prefix_probe_shares_prefixes_and_reads_the_hit_rate_from_the_server
     assert "--prefix-repetition-suffix-len 32 --prefix-repetition-num-prefixes 4" in line
     assert "--prefix-repetition-output-len 32" in line and "--random-input-len" not in line
     assert found[0]["prefix_cache_hit_rate"] == 0.6
+
+
+def test_without_matplotlib_the_run_is_kept_unplotted_and_bench_says_how_to_get_the_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as an install without the extra
+    results = [result(1, 50.0, 40.0)]
+    saved = benchruns.save(tmp_path / "c.yaml", None, SWEEP, results)
+    assert saved.exists() and not saved.with_suffix(".png").exists()
+    measure._show(results, saved, as_json=True, prefix=False)
+    said = capsys.readouterr()
+    assert json.loads(said.out)["plot"] is None
+    assert "bench: no plot: matplotlib is missing (pip install 'vllm-compose[plot]')" in said.err

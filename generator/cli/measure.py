@@ -74,11 +74,17 @@ def bench(
 
 
 def _show(results: list[dict[str, Any]], saved: Path, as_json: bool, prefix: bool) -> None:
+    plotted = saved.with_suffix(".png")
     if as_json:
-        out.print_json(data={"results": results, "saved": str(saved)})
+        drawn = str(plotted) if plotted.exists() else None
+        out.print_json(data={"results": results, "saved": str(saved), "plot": drawn})
     else:
         out.print(_table(results))
-        out.print(f"saved: {saved} (plot: {saved.with_suffix('.png').name})")
+        out.print(
+            f"saved: {saved} (plot: {plotted.name})" if plotted.exists() else f"saved: {saved}"
+        )
+    if not plotted.exists():
+        err.print("bench: no plot: matplotlib is missing (pip install 'vllm-compose[plot]')")
     for r in results:
         if prefix and r.get("prefix_cache_hit_rate") is not None:
             err.print(f"bench: concurrency {r['max_concurrency']}: the prefix cache answered"
