@@ -192,3 +192,19 @@ def test_the_command_list_gives_each_command_one_line_its_first_sentence() -> No
     assert "If it fails, the stack that served before starts again by itself" in " ".join(
         whole.replace("│", " ").split()
     )
+
+
+def test_every_command_has_an_example_that_names_only_its_own_options() -> None:
+    import typer
+
+    from generator.cli import app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, command in group.commands.items():
+        words = (command.epilog or "").removeprefix("Example: ").split()
+        assert words[:2] == ["vllm-compose", name], command.epilog
+        options = {o for p in command.params for o in p.opts}
+        assert {w for w in words if w.startswith("-")} <= options, command.epilog
+    shown = run("logs", "--help").stdout
+    assert "Example: vllm-compose logs cluster.yaml --node spark-2 --follow" in shown

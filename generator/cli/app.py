@@ -126,14 +126,48 @@ def change_line(change: output.Change, dry_run: bool) -> str:
     return f"{'would ' if dry_run else ''}{change.action:>9}  {change.path}{secret}"
 
 
+# One example per command, shown under its --help.
+EXAMPLES = {
+    "validate": "vllm-compose validate cluster.yaml",
+    "render": "vllm-compose render cluster.yaml --dry-run",
+    "secrets": "vllm-compose secrets cluster.yaml",
+    "lock": "vllm-compose lock cluster.yaml",
+    "sync-model": "vllm-compose sync-model cluster.yaml --from spark-1",
+    "verify": "vllm-compose verify cluster.yaml",
+    "schema": "vllm-compose schema > cluster.schema.json",
+    "version": "vllm-compose version",
+    "upgrade": "vllm-compose upgrade cluster.yaml",
+    "rollback": "vllm-compose rollback cluster.yaml",
+    "up": "vllm-compose up cluster.yaml --watch",
+    "watch": "vllm-compose watch cluster.yaml",
+    "preflight": "vllm-compose preflight cluster.yaml --json",
+    "down": "vllm-compose down cluster.yaml",
+    "status": "vllm-compose status cluster.yaml",
+    "logs": "vllm-compose logs cluster.yaml --node spark-2 --follow",
+    "diagnose": "vllm-compose diagnose cluster.yaml",
+    "top": "vllm-compose top cluster.yaml --interval 2",
+    "ls": "vllm-compose ls --context spark-1 --context spark-2",
+    "bench": "vllm-compose bench cluster.yaml --concurrency 1 --concurrency 8 --repeat 3",
+    "check": "vllm-compose check cluster.yaml",
+}
+
+
 def summarise(typer_app: typer.Typer) -> None:
     """Each command's line in `--help`: its docstring's first sentence on one line (Typer shows
-    the docstring's hard line breaks there otherwise). Its own `--help` keeps the whole text."""
+    the docstring's hard line breaks there otherwise); its own `--help` keeps the whole text and
+    ends with its example."""
     for command in typer_app.registered_commands:
         doc = command.help or (command.callback.__doc__ if command.callback else None) or ""
         text = " ".join(doc.split())
         end = text.find(". ")
         command.short_help = text if end < 0 else text[: end + 1]
+        command.epilog = f"Example: {EXAMPLES[name(command)]}"
+
+
+def name(command: typer.models.CommandInfo) -> str:
+    """The command's name as typed: given, or its function's with dashes."""
+    function = command.callback.__name__ if command.callback else ""
+    return command.name or function.replace("_", "-")
 
 
 def main() -> None:
