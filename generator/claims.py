@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from generator import ports
+from generator.containers import described
 
 if TYPE_CHECKING:
     from python_on_whales import Container
@@ -80,7 +81,8 @@ def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
             claim = claims.setdefault(own[CLUSTER], Claim(own[CLUSTER]))
             _read(claim, own)
             service = own.get(f"{PREFIX}service", container.name)
-            claim.nodes.setdefault(own.get(f"{PREFIX}node", node), {})[service] = _state(container)
+            on_node = claim.nodes.setdefault(own.get(f"{PREFIX}node", node), {})
+            on_node[service] = described(container.state)
     return claims
 
 
@@ -95,14 +97,6 @@ def _read(claim: Claim, own: dict[str, str]) -> None:
         claim.object_store = int(own.get(f"{PREFIX}object-store", "0"))
     except (ValueError, TypeError):
         pass  # written by another version: listed, not compared
-
-
-def _state(container: Container) -> str:
-    state = container.state
-    if not state.running:
-        return f"{state.status} (exit {state.exit_code})"
-    health = state.health.status if state.health else None
-    return f"running, {health}" if health else "running"
 
 
 def foreign(claim: Claim, name: str, config: str) -> bool:

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import IO
 
-from generator.fleet import SERVICE, Fleet
+from generator.containers import SERVICE
+from generator.fleet import Fleet
 
 RESTART = 2.0  # seconds before a node's ended stream is started again
 GATHER = 0.5  # seconds to wait for the rest of one fault's events (a kill, then its die)

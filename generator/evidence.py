@@ -23,6 +23,7 @@ from python_on_whales import Container
 
 from generator import nccl, sidefiles
 from generator.config import Node
+from generator.containers import health_of, service_of
 from generator.errors import UnsafePath, reason
 from generator.fanout import each
 from generator.fleet import Fleet
@@ -98,10 +99,10 @@ def _container(c: Container) -> dict[str, Any]:
     """What `docker inspect` says that explains a failure; variables named like a secret hidden."""
     env = [_hidden(e) for e in c.config.env or []]
     state = c.state
-    health = state.health.status if state.health else None
+    health = health_of(state)
     return {
         "name": c.name,
-        "service": (c.config.labels or {}).get("com.docker.compose.service", ""),
+        "service": service_of(c),
         "image": c.config.image,
         "state": {
             "status": state.status,

@@ -22,13 +22,13 @@ from python_on_whales.components.container.models import ContainerState
 
 from generator import claims, clients, images, probes, secrets, survey
 from generator.config import Cluster, Node
+from generator.containers import health_of, service_of
 from generator.errors import DockerError, reason
 from generator.fanout import Report, each, parallel, pump
 from generator.mounts import model_mount
 from generator.render import node_stacks
 from generator.stack import NodeStack
 
-SERVICE = "com.docker.compose.service"  # the label naming a container's service
 DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
 HEALTH_LINES = 3  # of a failing health check's output, shown in errors
 SUPERVISOR_LINES = 200  # of a log searched for the supervisor's last line
@@ -183,7 +183,7 @@ class Fleet:
 
     def states(self, node: Node) -> dict[str, ContainerState]:
         """service -> its container's state, exited ones included."""
-        return {_service(c): c.state for c in self.containers(node)}
+        return {service_of(c): c.state for c in self.containers(node)}
 
     def containers(self, node: Node) -> list[Container]:
         """The stack's containers on the node, exited ones included."""
@@ -201,12 +201,12 @@ class Fleet:
         """The node's service that is not running or not healthy, with its last health output."""
         for container in self.docker[node.name].compose.ps(all=True):
             state = container.state
-            health = state.health.status if state.health else None
+            health = health_of(state)
             if not state.running or health in ("unhealthy", "starting"):
                 log = state.health.log if state.health and state.health.log else []
                 # Its last lines: what the check said, after whatever the libraries logged.
                 said = (log[-1].output or "").strip().splitlines() if log else []
-                return _service(container), "\n".join(said[-HEALTH_LINES:])
+                return service_of(container), "\n".join(said[-HEALTH_LINES:])
         return None
 
     def tail(self, node: Node, service: str, lines: int) -> str:
@@ -290,7 +290,3 @@ class Fleet:
             return json.loads(self.execute(node or self.head, "ray", probe) or "{}")
         except (DockerException, ValueError):
             return None
-
-
-def _service(container: Container) -> str:
-    return (container.config.labels or {}).get(SERVICE, container.name)

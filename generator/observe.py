@@ -13,6 +13,7 @@ from python_on_whales.components.container.models import ContainerState
 
 from generator import hardware, probes, readiness
 from generator.config import Node
+from generator.containers import health_of
 from generator.errors import reason
 from generator.fanout import each, pump
 from generator.fleet import Fleet
@@ -50,7 +51,7 @@ def status(fleet: Fleet) -> list[StatusRow]:
                 ServiceRow(
                     service=name,
                     state=state.status,
-                    health=state.health.status if state.health else None,
+                    health=health_of(state),
                 )
                 for name, state in fleet.states(node).items()
             ]

@@ -12,6 +12,7 @@ from python_on_whales import DockerException
 
 from generator import hardware, observe, probes
 from generator.config import Node
+from generator.containers import described, service_of
 from generator.errors import reason
 from generator.fanout import each
 from generator.fleet import Fleet
@@ -74,10 +75,7 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
         row = NodeRow(node=node.name, ip=str(node.ip))
         containers = fleet.containers(node)
         for c in containers:
-            state = c.state
-            health = f", {state.health.status}" if state.health else ""
-            service = (c.config.labels or {}).get("com.docker.compose.service", c.name)
-            row.services[service] = f"{state.status}{health}"
+            row.services[service_of(c)] = described(c.state)
         running = [c for c in containers if c.state.running]
         if running:
             stats = fleet.docker[node.name].container.stats(running)
