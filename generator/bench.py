@@ -19,7 +19,7 @@ from typing import Any
 
 from python_on_whales import DockerException
 
-from generator import probes
+from generator import probes, served
 from generator.errors import OptionError, PhaseError, last_line, reason
 from generator.fleet import Fleet
 
@@ -110,7 +110,7 @@ def run(fleet: Fleet, sweep: Sweep) -> list[dict[str, Any]]:
 
 def once(fleet: Fleet, sweep: Sweep, concurrency: int) -> dict[str, Any]:
     """One run of vLLM's benchmark: its fields, its first error, and the server's token count."""
-    before = _load(fleet)
+    before = served.load(fleet)
     try:
         said = fleet.execute(fleet.head, "serve", command(fleet, sweep, concurrency))
     except DockerException as e:
@@ -122,7 +122,7 @@ def once(fleet: Fleet, sweep: Sweep, concurrency: int) -> dict[str, Any]:
     # is asked for with one request of ours, when it fails too.
     said_by_client = next((last_line(e) for e in result.get("errors") or [] if e), None)
     kept["first_error"] = (_server_said(fleet) if kept.get("failed") else None) or said_by_client
-    after = _load(fleet)
+    after = served.load(fleet)
     if before and after and result.get("duration"):
         kept["served_output_throughput"] = (after["tokens"] - before["tokens"]) / result["duration"]
         queries = after.get("prefix_queries", 0) - before.get("prefix_queries", 0)
@@ -139,17 +139,6 @@ def _server_said(fleet: Fleet) -> str | None:
     except DockerException as e:
         return reason(e).removeprefix("vllm-compose-health: ")
     return None
-
-
-def _load(fleet: Fleet) -> dict[str, float] | None:
-    """vLLM's counters so far: tokens generated, prefix-cache lookups and hits (None when
-    /metrics did not answer)."""
-    try:
-        said = fleet.execute(fleet.head, "serve", probes.metrics(fleet.cluster.vllm.port))
-    except DockerException:
-        return None
-    found: dict[str, float] = json.loads(said)
-    return found
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

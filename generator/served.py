@@ -1,4 +1,5 @@
-"""What the served model says of itself, asked inside the head's serve container."""
+"""What the served model says of itself, asked inside the head's serve container: its context
+length, and vLLM's load and counters from its /metrics."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def context(fleet: Fleet, phase: str) -> int | None:
         raise PhaseError(fleet.head.name, phase, f"/v1/models: {reason(e)}") from None
     limit = said.get(c.served_model_name)
     return int(limit) if limit else None
+
+
+def load(fleet: Fleet) -> dict[str, float] | None:
+    """vLLM's load and counters now (image/health.py's LOAD: requests running and waiting,
+    tokens, KV-cache use, prefix-cache lookups and hits); None when /metrics did not answer."""
+    try:
+        said = fleet.execute(fleet.head, "serve", probes.metrics(fleet.cluster.vllm.port))
+    except DockerException:
+        return None
+    found: dict[str, float] = json.loads(said)
+    return found

@@ -4,13 +4,11 @@ tokens per second, from vLLM's /metrics read twice). Reads only."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from pydantic import BaseModel
-from python_on_whales import DockerException
 
-from generator import hardware, observe, probes
+from generator import hardware, observe, served
 from generator.config import Node
 from generator.containers import described, service_of
 from generator.errors import reason
@@ -55,7 +53,7 @@ def sample(
         r if isinstance(r, NodeRow) else NodeRow(node=n, ip="", error=reason(r))
         for n, r in found.items()
     ]
-    load = _load(fleet)
+    load = served.load(fleet)
     if load is None:
         return Top(nodes=rows, endpoint=Endpoint(error="vLLM's /metrics did not answer")), {}
     endpoint = Endpoint(running=load["running"], waiting=load["waiting"])
@@ -86,15 +84,6 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
         return row
 
     return run
-
-
-def _load(fleet: Fleet) -> dict[str, float] | None:
-    try:
-        said = fleet.execute(fleet.head, "serve", probes.metrics(fleet.cluster.vllm.port))
-    except DockerException:
-        return None
-    found: dict[str, float] = json.loads(said)
-    return found
 
 
 def rows(top: Top) -> list[list[str]]:
