@@ -1,6 +1,6 @@
 """The cluster config: pydantic models, cross-field rules, and `load(path)`.
 
-Every key a user writes has a description; the README's config reference and `vllm-compose schema`
+Every key a user writes has a description; the config reference in docs/reference.md and `vllm-compose schema`
 are generated from them.
 """
 

@@ -1,4 +1,4 @@
-"""The config reference (README) and JSON schema, both from the models' field descriptions."""
+"""The config reference (docs/reference.md) and JSON schema, both from the models' field descriptions."""
 
 from __future__ import annotations
 

@@ -108,9 +108,9 @@ def test_schema_is_json_with_a_description_on_every_key() -> None:
             assert prop.get("description"), name
 
 
-def test_readme_config_reference_is_the_generated_one() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert run("schema", "--markdown").stdout in readme, (
+def test_the_docs_config_reference_is_the_generated_one() -> None:
+    reference = (Path(__file__).parent.parent / "docs" / "reference.md").read_text()
+    assert run("schema", "--markdown").stdout in reference, (
         "regenerate: vllm-compose schema --markdown"
     )
 

@@ -162,7 +162,7 @@ def verify_model(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 @app.command()
 def schema(
     markdown: Annotated[
-        bool, typer.Option("--markdown", help="The README's table instead.")
+        bool, typer.Option("--markdown", help="The config reference's table (docs/reference.md) instead.")
     ] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""
