@@ -34,8 +34,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from generator import clients
-from generator import images as distribution
+from generator.nodes import clients
+from generator.nodes import images as distribution
 from tests.support import clusters, images
 from tests.support.testbed import Node, Testbed, borrowed
 
@@ -143,8 +143,9 @@ def by_hand(path: Path, nodes: list[Node]) -> float:
 
 def compose_call(node: Node, folder: Path, runs: int = 10) -> dict[str, tuple[float, float, int]]:
     """One Compose call on a node, started through `docker` and as Compose's own binary
-    (generator/clients.py), alternately: per way, the median seconds and the mean CPU seconds of
-    a `compose ps`, and the bytes resident (RSS summed) in a `compose events` after a second."""
+    (generator/nodes/clients.py), alternately: per way, the median seconds and the mean CPU
+    seconds of a `compose ps`, and the bytes resident (RSS summed) in a `compose events` after a
+    second."""
     binary = clients.compose_binary()
     if binary is None:
         raise SystemExit("no Compose plugin file found where the docker CLI looks")

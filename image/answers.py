@@ -8,7 +8,7 @@ container by `vllm-compose-health answers` (the key read from the secret file th
 - the parsers: one chat request with a tool offered (tool-call parser), one that asks for
   reasoning (reasoning parser), each answered with a well-formed message.
 
-It prints what it saw as JSON; generator/gate.py judges it.
+It prints what it saw as JSON; generator/operations/gate.py judges it.
 """
 
 from __future__ import annotations

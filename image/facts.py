@@ -1,7 +1,7 @@
 """What preflight compares across nodes, as a node's container sees it: the interface and its
 addresses, TCP reach to every peer, versions, the model's files, /dev/shm, memlock, Ray's memory
 monitor setting, RDMA ports, the GPUs and the node's memory (image/gpus.py). The JSON
-generator/checks.py reads as `Facts`."""
+generator/operations/checks.py reads as `Facts`."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def _connect(
 def model_walk(path: str) -> tuple[dict[str, int], dict[str, int], dict[str, str]] | None:
     """One walk of the model folder (symlinks followed), None if absent: relative path -> size
     (-1 for a symlink this container cannot follow), relative path -> mtime in ns (what `verify`
-    stamps, generator/stamps.py), and each unfollowable symlink -> its target (outside the
+    stamps, operations/stamps.py), and each unfollowable symlink -> its target (outside the
     mounted folder, or gone)."""
     if not os.path.isdir(path):
         return None

@@ -47,7 +47,7 @@ STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is kille
 BREAK_GRACE = 5
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
 STEADY = 300  # seconds of running after which a command's exit counts as its first failure
-# The lines `up` reads (generator/probes.py has the same words): the command started, and the
+# The lines `up` reads (generator/base/probes.py has the same words): the command started, and the
 # command exited by itself (a failed start, while a back-off runs).
 STARTING = "starting"
 EXITED = "exited with code"

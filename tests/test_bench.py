@@ -17,9 +17,9 @@ from matplotlib import image
 from python_on_whales import DockerException
 from rich.console import Console
 
-from generator import bench, benchruns
+from generator.base.errors import OptionError, VllmComposeError
 from generator.cli import measure
-from generator.errors import OptionError, VllmComposeError
+from generator.operations import bench, benchruns
 from tests.test_preflight import SAMPLE
 
 SWEEP = bench.Sweep([1, 4], prompts=8, input_len=32, output_len=16)

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from generator import claims, config, ports, slots
-from generator.claims import Claim
-from generator.stack import NodeStack
+from generator import config
+from generator.config import ports
+from generator.stack import NodeStack, claims, slots
+from generator.stack.claims import Claim
 
 BASE = """\
 name: {name}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from generator import clients
+from generator.nodes import clients
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from generator import config
-from generator.errors import ConfigError
+from generator.base.errors import ConfigError
 
 CASES = Path(__file__).parent / "cases"
 

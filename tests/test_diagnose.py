@@ -3,7 +3,8 @@ logs seen on the testbed."""
 
 from __future__ import annotations
 
-from generator import config, diagnose
+from generator import config
+from generator.operations import diagnose
 from tests.test_config import CASES
 
 VLLM_RAY_ON_CPU = """\

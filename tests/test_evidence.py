@@ -6,7 +6,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from generator import evidence
+from generator.operations import evidence
 
 
 def test_a_secrets_contents_are_hidden_wherever_they_appear(tmp_path: Path) -> None:

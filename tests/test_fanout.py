@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from generator.errors import PhaseError
-from generator.fanout import parallel
+from generator.base.errors import PhaseError
+from generator.base.fanout import parallel
 
 
 def test_a_node_that_fails_at_once_is_never_taken_for_one_that_succeeded() -> None:

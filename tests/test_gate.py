@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import answers
 import pytest
 
-from generator import gate
+from generator.operations import gate
 
 
 def said(ids: list[int], tokens: list[str] | None = None) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def test_a_command_that_exits_is_started_again_after_a_back_off(
 
 
 def test_up_reads_the_supervisors_last_line_even_glued_to_the_commands_last_output() -> None:
-    from generator import probes
+    from generator.base import probes
 
     started = "vllm-compose: starting vllm (start 8a36)\nINFO loading"
     assert not probes.exited(started)

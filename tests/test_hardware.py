@@ -1,5 +1,5 @@
 """The GPU and memory readers (image/gpus.py) and what preflight, `top` and `watch` make of them
-(generator/hardware.py), on real answers of an H200 and on the answers DGX Spark owners report
+(generator/nodes/hardware.py), on real answers of an H200 and on the answers DGX Spark owners report
 of a GB10 (tests/fixtures/README.md says where each came from). A FAKE nvidia-smi (a shell
 script) stands in only where the test is of our own fallback logic."""
 
@@ -14,9 +14,11 @@ from pathlib import Path
 import gpus
 import pytest
 
-from generator import checks as checking
-from generator import config, hardware, top
-from generator.hardware import Gpu, Hardware
+from generator import config
+from generator.nodes import hardware
+from generator.nodes.hardware import Gpu, Hardware
+from generator.operations import checks as checking
+from generator.operations import top
 from tests.test_config import CASES
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,4 +1,4 @@
-"""The history of stacks that served (generator/history.py), in a temporary folder."""
+"""The history of stacks that served (generator/operations/history.py), in a temporary folder."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from generator import history
-from generator.errors import VllmComposeError
+from generator.base.errors import VllmComposeError
+from generator.operations import history
 
 
 def test_history_records_each_stack_that_served_once_and_keeps_the_newest(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from generator import assets
+from generator.stack import assets
 from tests.support import images
 
 pytestmark = pytest.mark.engine

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from generator import config, images, output, render
+from generator import config
+from generator.nodes import images
+from generator.stack import output, render
 from tests.support import images as test_images
 from tests.support.testbed import IFNAME, MODELS, Testbed
 

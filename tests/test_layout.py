@@ -15,10 +15,10 @@ MODULE_LINES, FUNCTION_LINES = 300, 40
 # bytes and leave their pipes open; images.stream), and git, not docker: is a generated key
 # ignored (secrets.unignored)?
 OWN_PROCESSES = {
-    ("generator/events.py", "_follow"),
-    ("generator/fleet.py", "follow"),
-    ("generator/images.py", "stream"),
-    ("generator/secrets.py", "unignored"),
+    ("generator/nodes/events.py", "_follow"),
+    ("generator/nodes/fleet.py", "follow"),
+    ("generator/nodes/images.py", "stream"),
+    ("generator/nodes/secrets.py", "unignored"),
 }
 
 
@@ -56,3 +56,32 @@ def test_the_tool_runs_docker_only_through_python_on_whales() -> None:
                 ):
                     found.add((str(path.relative_to(ROOT)), fn.name))
     assert found == OWN_PROCESSES
+
+
+# generator/'s layers, from the bottom; docs/development.md's Layout says the same in words.
+LAYERS = ["base", "config", "stack", "nodes", "operations", "cli"]
+
+
+def _layer_of(module: str) -> str | None:
+    """The layer a `generator...` module path names (None: the package's own `__version__`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_every_module_sits_in_a_layer_and_imports_nothing_above_it() -> None:
+    loose = [p.name for p in ROOT.glob("generator/*.py")]
+    assert sorted(loose) == ["__init__.py", "__main__.py"]  # every other module is in a layer
+    upward = []
+    for path in sorted(ROOT.glob("generator/*/*.py")):
+        own = LAYERS.index(path.parent.name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "generator"
+            ):
+                continue
+            module = node.module or ""
+            targets = [_layer_of(module)] if module != "generator" else [a.name for a in node.names]
+            for target in targets:
+                if target in LAYERS and LAYERS.index(target) > own:
+                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert upward == []

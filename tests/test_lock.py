@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from generator import config, lock, render, slots
-from generator.errors import ConfigError
+from generator import config
+from generator.base.errors import ConfigError
+from generator.operations import lock
+from generator.stack import render, slots
 from tests.test_config import CASES
 
 HEALTH = Path(__file__).parent.parent / "image" / "health.py"

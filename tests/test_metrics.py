@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from generator import config, monitoring, render, rules
-from generator.errors import ConfigError
-from generator.stack import NodeStack
+from generator import config
+from generator.base.errors import ConfigError
+from generator.config import rules
+from generator.stack import NodeStack, monitoring, render
 
 CASES = Path(__file__).parent / "cases"
 

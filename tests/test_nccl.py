@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from generator import nccl
+from generator.base import nccl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -95,8 +95,8 @@ def test_a_lock_that_is_a_link_is_refused_and_its_target_never_shown(place: Path
 
 
 def test_a_history_entry_that_is_a_link_is_never_read(place: Path) -> None:
-    from generator import history
-    from generator.errors import UnsafePath
+    from generator.base.errors import UnsafePath
+    from generator.operations import history
 
     config = place / "c.yaml"
     entry = history.record(config, config.read_text(), None)
@@ -114,8 +114,8 @@ def test_a_history_entry_that_is_a_link_is_never_read(place: Path) -> None:
 def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
     place: Path, side: str
 ) -> None:
-    from generator import bench, benchruns, evidence, history, stamps
-    from generator.errors import UnsafePath
+    from generator.base.errors import UnsafePath
+    from generator.operations import bench, benchruns, evidence, history, stamps
 
     config = place / "c.yaml"
     sweep = bench.Sweep([1], 1, 1, 1)
@@ -149,7 +149,7 @@ def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_readi
 
 
 def test_a_model_mount_covers_the_model_and_nothing_above_it() -> None:
-    from generator.mounts import model_mount
+    from generator.config.mounts import model_mount
 
     snapshot = "/models/hub/models--Qwen--Qwen3/snapshots/0a1b2c"
     assert model_mount(snapshot) == "/models/hub/models--Qwen--Qwen3"  # where its links point
@@ -162,7 +162,7 @@ def test_a_model_mount_covers_the_model_and_nothing_above_it() -> None:
 def test_upgrade_to_an_invalid_config_is_refused_before_anything_is_rendered_or_asked(
     place: Path,
 ) -> None:
-    from generator import history
+    from generator.operations import history
 
     config = place / "c.yaml"
     history.record(config, config.read_text(), None)  # a stack served from it once
@@ -219,7 +219,7 @@ def test_any_set_of_links_in_the_output_folder_is_refused_and_nothing_goes_throu
 
 def test_a_config_in_a_linked_folder_keeps_its_lock_and_stamps_beside_it(tmp_path: Path) -> None:
     """The config's own folder may be a link the user made: the side files are written there."""
-    from generator import stamps
+    from generator.operations import stamps
 
     (tmp_path / "real").mkdir()
     (tmp_path / "linked").symlink_to(tmp_path / "real")
@@ -236,7 +236,7 @@ def test_every_command_that_writes_node_folders_refuses_links_before_anything_el
     """An output folder full of links to the decoys: each command refuses it (exit 2, naming a
     link) before a secret is generated or an engine is asked (the config's contexts do not
     exist: a command that went on would fail on them instead)."""
-    from generator import history
+    from generator.operations import history
 
     history.record(place / "c.yaml", (place / "c.yaml").read_text(), None)  # for upgrade
     for rel, target in LINKS.values():

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from generator import checks as checking
 from generator import config
-from generator.verdict import Check
+from generator.base.verdict import Check
+from generator.operations import checks as checking
 from tests.test_config import CASES
 
 # Ray backend, spark-1 .12 head, spark-2 .13; the Spark profile asks for unlimited memlock.

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from generator import preflight as preflight_module
-from generator import workflow
+from generator.operations import preflight as preflight_module
+from generator.operations import workflow
 from tests.support import clusters, images
 from tests.support.clusters import cli
 from tests.support.testbed import Node, Testbed, sh

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from python_on_whales import DockerException
 
-from generator import readiness
+from generator.operations import readiness
 from tests.test_preflight import SAMPLE
 from tests.test_startlog import START
 

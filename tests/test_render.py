@@ -10,7 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from generator import config, output, render
+from generator import config
+from generator.stack import output, render
 
 CASES = Path(__file__).parent / "cases"
 ROOT = Path(__file__).parent.parent

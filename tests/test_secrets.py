@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from generator import config, secrets
-from generator.errors import SecretFileError, VllmComposeError
+from generator import config
+from generator.base.errors import SecretFileError, VllmComposeError
+from generator.nodes import secrets
 from tests.test_config import BASE
 
 

@@ -26,7 +26,7 @@ from tests.test_e2e import MODEL
 pytestmark = pytest.mark.testbed
 
 # On CPU vLLM reads gpu_memory_utilization as the share of host memory it may take; the claims
-# (generator/claims.py) add up what every cluster on a node says.
+# (generator/stack/claims.py) add up what every cluster on a node says.
 VLLM = (
     "{{port: {port}, max_model_len: 256, startup_timeout: 600, gpu_memory_utilization: {memory},"
     " args: [--dtype, float32, --enforce-eager]}}"

@@ -3,7 +3,7 @@ testbed (native backend, torch.compile on), under the wrapper's supervisor."""
 
 from __future__ import annotations
 
-from generator import startlog
+from generator.base import startlog
 
 # In the order they came, copied from one start's serve log on the head (prefixes as Compose
 # prints them dropped); lines that name no phase in between.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from generator import top
-from generator.hardware import Gpu, Hardware
+from generator.nodes.hardware import Gpu, Hardware
+from generator.operations import top
 
 
 def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from generator import checks as checking
-from generator import stamps
-from generator.verify import mismatches
+from generator.operations import checks as checking
+from generator.operations import stamps
+from generator.operations.verify import mismatches
 from tests.test_preflight import BASE, SAMPLE, healthy
 
 PATH = SAMPLE.model.path

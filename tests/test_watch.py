@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from generator import events
-from generator.errors import PhaseError, WatchGaveUp
-from generator.events import Sign
-from generator.hardware import Reading
-from generator.watch import Policy, watch
+from generator.base.errors import PhaseError, WatchGaveUp
+from generator.nodes import events
+from generator.nodes.events import Sign
+from generator.nodes.hardware import Reading
+from generator.operations.watch import Policy, watch
 
 
 class Done(Exception):
@@ -179,7 +179,7 @@ def test_a_cool_node_that_vanished_is_not_blamed_on_heat() -> None:
     assert not any("heat" in x for x in lines)
 
 
-# Signs between checks: the container events of generator/events.py
+# Signs between checks: the container events of generator/nodes/events.py
 
 
 def signs_of(*lines: int) -> list[Sign]:

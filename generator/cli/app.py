@@ -14,10 +14,13 @@ import typer
 from python_on_whales import DockerException
 from rich.console import Console
 
-from generator import config, output, secrets, workflow
-from generator import watch as watching
+from generator import config
+from generator.base.errors import VllmComposeError, reason
 from generator.cli.live import Progress
-from generator.errors import VllmComposeError, reason
+from generator.nodes import secrets
+from generator.operations import watch as watching
+from generator.operations import workflow
+from generator.stack import output
 
 app = typer.Typer(
     help="Render and run per-node Docker Compose stacks for one vLLM model across several nodes.",

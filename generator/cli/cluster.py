@@ -14,11 +14,7 @@ from python_on_whales import DockerException
 from rich.live import Live
 from rich.table import Table
 
-from generator import checks as checking
-from generator import evidence, history, observe, secrets, workflow
-from generator import preflight as preflight_checks
-from generator import top as top_view
-from generator import watch as watching
+from generator.base.errors import DockerError, VllmComposeError
 from generator.cli.app import (
     DEFAULT,
     HOUR,
@@ -39,8 +35,13 @@ from generator.cli.app import (
 )
 from generator.cli.files import locked
 from generator.cli.release import served
-from generator.deploy import Timeouts, refuse_same_name
-from generator.errors import DockerError, VllmComposeError
+from generator.nodes import secrets
+from generator.operations import checks as checking
+from generator.operations import evidence, history, observe, workflow
+from generator.operations import preflight as preflight_checks
+from generator.operations import top as top_view
+from generator.operations import watch as watching
+from generator.operations.deploy import Timeouts, refuse_same_name
 
 SkipPreflightOpt = Annotated[
     bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")

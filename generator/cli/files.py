@@ -8,18 +8,9 @@ from typing import Annotated
 
 import typer
 
-from generator import (
-    __version__,
-    config,
-    lock,
-    reference,
-    secrets,
-    stamps,
-    sync,
-    units,
-    verify,
-    workflow,
-)
+from generator import __version__, config
+from generator.base import units
+from generator.base.errors import ListedError, VllmComposeError
 from generator.cli.app import (
     ConfigArg,
     OutdirOpt,
@@ -31,8 +22,10 @@ from generator.cli.app import (
     out,
     progress,
 )
-from generator.errors import ListedError, VllmComposeError
-from generator.output import apply
+from generator.config import reference
+from generator.nodes import secrets
+from generator.operations import lock, stamps, sync, verify, workflow
+from generator.stack.output import apply
 
 
 @app.command()
@@ -162,7 +155,8 @@ def verify_model(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 @app.command()
 def schema(
     markdown: Annotated[
-        bool, typer.Option("--markdown", help="The config reference's table (docs/reference.md) instead.")
+        bool,
+        typer.Option("--markdown", help="The config reference's table (docs/reference.md)."),
     ] = False,
 ) -> None:
     """Print the config's JSON schema (for editors)."""

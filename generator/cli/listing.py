@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from generator import config, survey
+from generator import config
+from generator.base.errors import ConfigError
 from generator.cli.app import JsonOpt, app, err, out
-from generator.errors import ConfigError
+from generator.nodes import survey
 
 
 @app.command("ls")

@@ -1,4 +1,4 @@
-"""Progress on stderr. On a terminal, a start's phases (generator/readiness.py says them) show as
+"""Progress on stderr. On a terminal, a start's phases (operations/readiness.py says them) show as
 one line per node that updates in place, with the time spent in the phase; every other line, and
 every line when stderr is not a terminal, is printed as it comes."""
 

@@ -9,10 +9,11 @@ import typer
 from rich import box
 from rich.table import Table
 
-from generator import bench as benchmark
-from generator import benchruns, gate, served
+from generator.base.errors import VllmComposeError
 from generator.cli.app import ConfigArg, JsonOpt, OutdirOpt, app, err, open_config, out
-from generator.errors import VllmComposeError
+from generator.nodes import served
+from generator.operations import bench as benchmark
+from generator.operations import benchruns, gate
 
 # (heading, field): narrow enough for 80 columns (times in ms; "srv": as the server counted
 # them); every field is in the saved JSON.

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from generator import upgrade as upgrading
-from generator import workflow
 from generator.cli.app import ConfigArg, OutdirOpt, app, out, progress, show
-from generator.deploy import Result
+from generator.operations import upgrade as upgrading
+from generator.operations import workflow
+from generator.operations.deploy import Result
 
 
 def _opener(outdir: Path | None) -> upgrading.Open:

@@ -1,0 +1,193 @@
+"""Every node's container events for one cluster, as the engines send them: what `watch` acts on
+between its checks, within a second of a container dying, being killed, stopped, removed or
+turning unhealthy, instead of at its next check.
+
+One `docker events` per node, over the node's context, filtered to the cluster's Compose project
+(python-on-whales streams events but cannot end the stream; so, as `Fleet.follow`, this is a
+process of its own, ended on leaving). A stream that ends means the node's engine went away (a
+power cut, a stopped engine): that is a sign too, and the stream is started again until the
+engine answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import subprocess
+import threading
+import time
+from typing import IO
+
+from generator.base.containers import SERVICE
+from generator.nodes.fleet import Fleet
+
+RESTART = 2.0  # seconds before a node's ended stream is started again
+GATHER = 0.5  # seconds to wait for the rest of one fault's events (a kill, then its die)
+# Actions that say a container is no longer what the group runs on.
+BREAKING = ("die", "kill", "oom", "stop", "destroy", "health_status: unhealthy")
+MANUAL = ("kill", "stop", "destroy")  # through the engine: Docker will not start it again
+
+
+@dataclasses.dataclass(frozen=True)
+class Sign:
+    """One event of one service's container on one node; `action` "gone" for a lost stream."""
+
+    node: str
+    service: str
+    action: str
+    container: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    manual: bool = False  # the container was killed or stopped through its engine before
+
+    def said(self) -> str:
+        """What happened, for watch's line: "ray exited (exit 137)", "serve removed", ..."""
+        words = {
+            "die": f"exited (exit {self.exit_code})",
+            "kill": f"sent signal {self.signal} through its engine (docker kill or stop)",
+            "oom": "ran out of memory",
+            "stop": "stopped through its engine",
+            "destroy": "removed",
+            "health_status: unhealthy": "turned unhealthy",
+            "gone": "its engine's event stream ended: the engine or the node went away",
+        }
+        what = words.get(self.action, self.action)
+        return (
+            f"{self.node}: {what}"
+            if self.action == "gone"
+            else f"{self.node}: {self.service} {what}"
+        )
+
+
+def parse(node: str, line: str) -> Sign | None:
+    """One line of `docker events --format '{{json .}}'`; None for what is not a container's."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("Type") != "container":
+        return None
+    actor = event.get("Actor") or {}
+    found = actor.get("Attributes") or {}
+    return Sign(
+        node=node,
+        service=str(found.get(SERVICE, found.get("name", "?"))),
+        action=str(event.get("Action") or event.get("status") or ""),
+        container=str(actor.get("ID") or event.get("id") or ""),
+        exit_code=_number(found.get("exitCode")),
+        signal=_number(found.get("signal")),
+    )
+
+
+def _number(text: object) -> int | None:
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
+def heals(signs: list[Sign]) -> bool:
+    """Does Docker bring these containers back by itself? A container that exited is started
+    again by its restart policy (unless-stopped), an OOM kill included, and a node's whole stack
+    with its engine (a reboot, a power cut: the stacks restart with their node). One killed or
+    stopped through its engine (docker kill, docker stop) or removed is not; nor is an
+    unhealthy one (Docker's restart policies do not act on health)."""
+    broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
+    manual = {s.container for s in signs if s.action in MANUAL}
+    return bool(broken) and all(
+        s.action in ("die", "oom", "gone") and not s.manual and s.container not in manual
+        for s in broken
+    )
+
+
+class Follower:
+    """The signs of every node of a fleet's cluster, merged; a context manager."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.signs: queue.Queue[Sign] = queue.Queue()
+        self.processes: dict[str, subprocess.Popen[str]] = {}
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        # Containers killed or stopped through their engine: a `docker stop` says kill (SIGTERM)
+        # first, and its die comes up to the grace period later, in a later batch of signs.
+        self.manual: set[str] = set()
+
+    def __enter__(self) -> Follower:
+        self.threads = [
+            threading.Thread(target=self._follow, args=(node.name,), daemon=True)
+            for node in self.fleet.cluster.nodes
+        ]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.closed.set()
+        with self.lock:
+            for process in self.processes.values():
+                process.terminate()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def next(self, timeout: float) -> list[Sign]:
+        """The signs that arrive within `timeout` s: the first, and what follows it within
+        GATHER s (one fault's events come together); [] when none came."""
+        try:
+            found = [self.signs.get(timeout=max(timeout, 0.01))]
+        except queue.Empty:
+            return []
+        end = time.monotonic() + GATHER
+        while (left := end - time.monotonic()) > 0:
+            try:
+                found.append(self.signs.get(timeout=left))
+            except queue.Empty:
+                break
+        return found
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.signs.get_nowait()
+            except queue.Empty:
+                return
+
+    def _follow(self, node: str) -> None:
+        docker = self.fleet.docker[node].client_config.docker_cmd
+        project = f"label=com.docker.compose.project={self.fleet.cluster.name}"
+        cmd = [*map(str, docker), "events", "--format", "{{json .}}"]
+        cmd += ["--filter", "type=container", "--filter", project]
+        # Not one-off containers (preflight's, `top`'s looks): theirs are not the group's.
+        cmd += ["--filter", "label=com.docker.compose.oneoff=False"]
+        while not self.closed.is_set():
+            started = time.monotonic()
+            with self.lock:
+                if self.closed.is_set():
+                    return
+                process = subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
+                self.processes[node] = process
+            assert process.stdout is not None
+            with process.stdout:
+                self._read(node, process.stdout)
+            process.wait()
+            if self.closed.is_set():
+                return
+            # A stream that ran a while and ended: its engine went away. One that fails at once
+            # (the engine still away) is tried again quietly.
+            if time.monotonic() - started > RESTART:
+                self.signs.put(Sign(node, "", "gone"))
+            self.closed.wait(RESTART)
+
+    def _read(self, node: str, stream: IO[str]) -> None:
+        for line in stream:
+            sign = parse(node, line)
+            if sign is None or sign.action not in BREAKING:
+                continue
+            if sign.action in MANUAL:
+                self.manual.add(sign.container)
+            elif sign.container in self.manual:
+                sign = dataclasses.replace(sign, manual=True)
+            self.signs.put(sign)

@@ -1,0 +1,109 @@
+"""`top`: one row per node (its containers and their health, CPU and memory, GPUs where there are
+any) and the endpoint's load (requests running and waiting, KV-cache use, prompt and generated
+tokens per second, from vLLM's /metrics read twice). Reads only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from generator.base.containers import described, service_of
+from generator.base.errors import reason
+from generator.base.fanout import each
+from generator.config import Node
+from generator.nodes import hardware, served
+from generator.nodes.fleet import Fleet
+from generator.nodes.hardware import Hardware
+from generator.operations import observe
+
+TIMEOUT = 30  # per node
+
+
+class NodeRow(BaseModel):
+    node: str
+    ip: str
+    services: dict[str, str] = {}  # service -> "running, healthy"
+    cpu_percent: float | None = None  # of one core, summed over the node's containers
+    memory_bytes: int | None = None
+    hardware: Hardware | None = None  # the GPUs (None fields where they say N/A), node memory
+    error: str | None = None
+
+
+class Endpoint(BaseModel):
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_percent: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    error: str | None = None
+
+
+class Top(BaseModel):
+    nodes: list[NodeRow]
+    endpoint: Endpoint
+
+
+def sample(
+    fleet: Fleet, before: dict[str, float] | None, seconds: float
+) -> tuple[Top, dict[str, float]]:
+    """Every node's row and the endpoint's load; the rates over `seconds` since `before` (the
+    /metrics returned last time). -> (what to show, the /metrics to pass next time)."""
+    found = each({n.name: _row(fleet, n) for n in fleet.cluster.nodes}, TIMEOUT)
+    rows = [
+        r if isinstance(r, NodeRow) else NodeRow(node=n, ip="", error=reason(r))
+        for n, r in found.items()
+    ]
+    load = served.load(fleet)
+    if load is None:
+        return Top(nodes=rows, endpoint=Endpoint(error="vLLM's /metrics did not answer")), {}
+    endpoint = Endpoint(running=load["running"], waiting=load["waiting"])
+    endpoint.kv_cache_percent = round(100 * load.get("kv_cache", 0.0), 1)
+    if before:
+        endpoint.prompt_tokens_per_s = _rate(load, before, "prompt_tokens", seconds)
+        endpoint.generation_tokens_per_s = _rate(load, before, "tokens", seconds)
+    return Top(nodes=rows, endpoint=endpoint), load
+
+
+def _rate(now: dict[str, float], before: dict[str, float], key: str, seconds: float) -> float:
+    return round(max(0.0, now.get(key, 0.0) - before.get(key, 0.0)) / seconds, 1)
+
+
+def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
+    def run() -> NodeRow:
+        row = NodeRow(node=node.name, ip=str(node.ip))
+        containers = fleet.containers(node)
+        for c in containers:
+            row.services[service_of(c)] = described(c.state)
+        running = [c for c in containers if c.state.running]
+        if running:
+            stats = fleet.docker[node.name].container.stats(running)
+            row.cpu_percent = round(sum(s.cpu_percentage or 0.0 for s in stats), 1)
+            row.memory_bytes = sum(s.memory_used or 0 for s in stats)
+        if fleet.cluster.accelerator == "nvidia" and running:
+            row.hardware = observe.gpus(fleet, node)
+        return row
+
+    return run
+
+
+def rows(top: Top) -> list[list[str]]:
+    """The view's table: a row per node, the endpoint's figures on the head's row."""
+    e = top.endpoint
+    load = "-" if e.error else f"{e.running:g} running, {e.waiting:g} waiting"
+    cache = "-" if e.kv_cache_percent is None else f"{e.kv_cache_percent:g}%"
+    tps = "-" if e.generation_tokens_per_s is None else (
+        f"{e.prompt_tokens_per_s:g} / {e.generation_tokens_per_s:g}"
+    )  # fmt: skip
+    table = []
+    for i, r in enumerate(top.nodes):
+        services = ", ".join(f"{s}: {st}" for s, st in r.services.items()) or (r.error or "-")
+        cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:g}%"
+        memory = "-" if r.memory_bytes is None else f"{r.memory_bytes / 2**30:.1f} GiB"
+        gpus = "-" if r.hardware is None else hardware.describe(r.hardware)
+        head = [load, cache, tps] if i == 0 else ["", "", ""]
+        table.append([r.node, services, cpu, memory, gpus, *head])
+    return table
+
+
+COLUMNS = ["node", "services", "CPU", "memory", "GPUs", "requests", "KV cache", "tok/s in / out"]

@@ -1,0 +1,164 @@
+"""Change a serving group with a way back: `upgrade` stages the changed config while the old
+group serves (re-lock on the head, the image on every node, secrets, preflight), then switches
+(old group down, new group up behind its gate and the config's golden prompt). If the new group
+fails, the stack that served before (history.py) is started again and the lock put back.
+`rollback` goes back to the stack before the one that serves now."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from python_on_whales import DockerException
+
+from generator import config
+from generator.base import probes
+from generator.base.errors import PhaseError, RolledBack, VllmComposeError, reason
+from generator.operations import gate, history, lock
+from generator.operations.deploy import Result
+from generator.operations.workflow import Opened
+
+# Opens the config (or a history entry's) for a command that starts things: workflow.opened
+# with the command's output folder, progress and timeouts already applied.
+Open = Callable[..., AbstractContextManager[Opened]]
+# Seconds the old group's containers have to stop in a switch before they are killed: by then it
+# is being replaced, and every second it takes is downtime.
+SWITCH_STOP = 2
+
+
+@dataclass
+class Switched:
+    result: Result
+    downtime: float  # seconds from the old group's stop to the new group's first answer
+    entry: history.Entry  # what serves now
+
+
+def upgrade(path: Path, open_: Open, accept_changed_answers: bool = False) -> Switched:
+    """Stage, switch, check; on a failed switch or check, the previous stack again. With
+    `accept_changed_answers`, answers that differ from those `check` recorded are recorded anew
+    instead of failing the canary."""
+    previous = history.latest(path)
+    if previous is None:
+        raise VllmComposeError(
+            f"{path}: no stack has served from this config yet, so there is nothing to upgrade "
+            "from or roll back to",
+            hint=f"start it with: vllm-compose up {path}",
+        )
+    config.load(path)  # an invalid config is refused here: nothing rendered, generated or asked
+    result = Result()
+    with contextlib.ExitStack() as stack:
+        try:  # re-lock and render (opening), then stage: the old group serves on meanwhile
+            staged = stack.enter_context(open_(path, update_lock=True, with_secrets=True))
+            staged.deployment.stage(result)
+        except (VllmComposeError, DockerException):
+            _restore_files(path, previous, open_)
+            raise
+        return _switch(path, staged, result, previous, open_, accept_changed_answers)
+
+
+def rollback(path: Path, open_: Open) -> Switched:
+    """The stack before the one that serves now, started in its place."""
+    entry = history.before_latest(path)
+    result = Result()
+    with open_(path, with_secrets=True, entry=entry) as back:
+        start = time.monotonic()
+        back.fleet.report("rollback: taking the group that serves now down")
+        back.fleet.down(volumes=False, stop=SWITCH_STOP)
+        back.deployment.start(result)
+        _put_lock_back(path, entry)
+        now = history.record(path, entry.config_text, entry.locked)
+        return Switched(result, time.monotonic() - start, now)
+
+
+def _switch(
+    path: Path,
+    staged: Opened,
+    result: Result,
+    previous: history.Entry,
+    open_: Open,
+    accept: bool,
+) -> Switched:
+    fleet = staged.fleet
+    start = time.monotonic()
+    try:
+        fleet.report("switch: taking the old group down (volumes kept: its compile caches)")
+        fleet.down(volumes=False, stop=SWITCH_STOP)
+        staged.deployment.start(result)
+        golden(staged)
+        answers(path, staged, accept)
+    except (VllmComposeError, DockerException) as e:
+        if isinstance(e, PhaseError) and e.phase == "canary":
+            staged.deployment.take_down("canary failed", "taken down")
+        try:
+            _restart(path, previous, open_)
+        except (VllmComposeError, DockerException) as again:
+            said = f"upgrade failed: {reason(e)}; the rollback to {previous.when} failed too"
+            raise VllmComposeError(f"{said}: {reason(again)}") from again
+        hint = e.hint if isinstance(e, VllmComposeError) else None
+        raise RolledBack(reason(e), previous.when, hint) from e
+    entry = history.record(path, staged.config_text, lock.read(path))
+    return Switched(result, time.monotonic() - start, entry)
+
+
+def golden(opened: Opened) -> None:
+    """The config's golden prompt, asked of the new group: its answer must match."""
+    c, fleet = opened.cluster, opened.fleet
+    if c.canary.prompt is None or c.canary.expect is None:
+        return
+    fleet.report("canary: asking the golden prompt")
+    probe = probes.golden(
+        c.vllm.port, c.served_model_name, c.canary.prompt, c.canary.expect, c.canary.max_tokens
+    )
+    try:
+        fleet.execute(fleet.head, "serve", probe)
+    except DockerException as e:
+        said = reason(e).removeprefix(f"{probes.HEALTH}: ")
+        raise PhaseError(fleet.head.name, "canary", said) from None
+
+
+def answers(path: Path, opened: Opened, accept: bool) -> None:
+    """The answers `check` recorded, asked of the new group: a change fails the canary, unless
+    accepted (then the new answers are recorded)."""
+    before = gate.recorded(path)
+    if before is None:
+        return
+    fleet = opened.fleet
+    fleet.report("canary: asking the prompts `check` recorded answers to")
+    found = gate.ask(fleet)
+    verdict = gate.golden(found, before)
+    if verdict.ok is not False:
+        return
+    if not accept:
+        said = f"the answers changed: {verdict.said}"
+        hint = "keep the new answers with: upgrade --accept-changed-answers"
+        raise PhaseError(fleet.head.name, "canary", said, hint=hint)
+    fleet.report(f"canary: the answers changed ({verdict.said}); accepted and recorded")
+    gate.record(path, found, opened.locked)
+
+
+def _restart(path: Path, previous: history.Entry, open_: Open) -> None:
+    """The stack that served before, started again (its caches are still there); the lock and
+    the compose folders put back to it."""
+    with open_(path, with_secrets=True, entry=previous) as back:
+        back.fleet.report(f"rollback: starting the stack of {previous.when} again")
+        back.deployment.start(Result())
+    _put_lock_back(path, previous)
+
+
+def _restore_files(path: Path, previous: history.Entry, open_: Open) -> None:
+    """After a failed staging: the lock and the compose folders as the serving stack has them."""
+    with open_(path, with_secrets=True, entry=previous):
+        pass  # opening renders the entry's folders
+    _put_lock_back(path, previous)
+
+
+def _put_lock_back(path: Path, entry: history.Entry) -> None:
+    locked = entry.locked
+    if locked:
+        lock.write(path, locked)
+    else:
+        lock.path_for(path).unlink(missing_ok=True)

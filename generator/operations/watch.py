@@ -1,0 +1,193 @@
+"""`vllm-compose watch`: keep a running group serving, or stop it and say why.
+
+Between checks, watch follows every node's container events (generator/nodes/events.py): a container
+of the group that dies, is killed, stopped, removed or turns unhealthy is named at once. Where
+Docker brings it back by itself (an exit or OOM kill under the stacks' restart policy) and the
+group's supervisors re-form the group, watch waits up to `heal` seconds and says so, rather than
+racing them with a recreate; where nothing else will act (killed or stopped through its engine,
+removed, an engine gone), it confirms with a check and recovers at once.
+
+Every `interval` seconds the group is also checked (Deployment.problems: every service running on
+every node, every node alive in Ray, a real completion back within `deadline`): the fallback for
+what sends no event (a hung rank, a cut link). After `failures` failed checks in a row the whole
+group is recreated in order. The first recovery starts at once; one that follows it without
+`stable` seconds of health waits a back-off that doubles from `backoff` up to `backoff_max`.
+Docker's restart policies act per container and only on exit: a dead worker leaves the head up
+and serving nothing, and a policy that restarts forever can wedge the hosts. So recoveries are
+counted: after `max_recoveries` in a row, the group is taken down and watch stops with the last
+problem.
+
+Each check also reads every node's GPU temperatures. A restart waits while a node's GPU is over
+the config's `gpu_temperature_limit` (or throttled for heat), and says so; a node that vanished
+while its GPU was near the limit is named with heat as the likely cause (a GPU past its shutdown
+temperature takes its node down without a log).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
+
+from generator.base.errors import VllmComposeError, WatchGaveUp
+from generator.base.fanout import Report
+from generator.nodes.events import Sign, heals
+from generator.nodes.hardware import Reading
+
+
+class Group(Protocol):
+    def problems(self, deadline: float) -> list[str]: ...
+    def heat(self) -> dict[str, Reading]: ...
+    def signs(self, timeout: float) -> list[Sign]: ...
+    def quiet(self) -> None: ...
+    def recreate(self) -> object: ...
+    def down(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    interval: float = 30  # seconds between checks
+    deadline: float = 60  # seconds the canary completion may take
+    failures: int = 2  # failed checks in a row before a recovery
+    max_recoveries: int = 5  # recoveries in a row before giving up
+    backoff: float = 10  # seconds before a second recovery in a row; doubles for each next one
+    backoff_max: float = 300
+    stable: float = 600  # healthy this long after a recovery: the count starts again
+    heal: float = 120  # seconds a fault Docker and the supervisors mend by themselves may take
+
+    def delay(self, recoveries: int) -> float:
+        """The back-off before recovery number `recoveries + 1`: none before the first."""
+        if not recoveries:
+            return 0.0
+        return float(min(self.backoff * 2 ** (recoveries - 1), self.backoff_max))
+
+
+@dataclass
+class _State:
+    failed: int = 0  # checks in a row with a problem
+    recoveries: int = 0  # in a row, without `stable` seconds of health between them
+    recovered_at: float = 0.0
+    heat: dict[str, Reading] = field(default_factory=dict)  # node -> its last reading
+
+
+def watch(
+    group: Group,
+    policy: Policy,
+    report: Report,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> NoReturn:
+    """Check, recover, repeat; returns only by raising (WatchGaveUp after the cap)."""
+    state = _State(recovered_at=clock())
+    while True:
+        problems = group.problems(policy.deadline)
+        state.heat |= group.heat()  # a node that does not answer keeps its last reading
+        if not problems:
+            _healthy(state, policy, report, clock)
+            _signed(group, state, group.signs(policy.interval), policy, report, (clock, sleep))
+            continue
+        state.failed += 1
+        said = "; ".join(problems) + _heat_named(state.heat, problems)
+        report(f"watch: check failed ({state.failed}/{policy.failures}): {said}")
+        if state.failed < policy.failures:
+            group.signs(policy.interval)  # a sign now only brings the next check forward
+        elif _recovered(group, state, problems[0], policy, report, sleep):
+            state.failed, state.recovered_at = 0, clock()
+            group.signs(policy.interval)
+        # A recovery that failed: the next check fails at once and leads to a longer back-off.
+
+
+Time = tuple[Callable[[], float], Callable[[float], None]]  # (clock, sleep)
+HEAL_POLL = 2.0  # seconds between looks while Docker and the supervisors mend a fault
+
+
+def _signed(
+    group: Group, state: _State, signs: list[Sign], policy: Policy, report: Report, time_: Time
+) -> None:
+    """Signs that came between checks: named at once; then waited for, where Docker and the
+    group's supervisors mend them by themselves, or confirmed and recovered from at once."""
+    if not signs:
+        return
+    clock, sleep = time_
+    report(f"watch: {'; '.join(dict.fromkeys(s.said() for s in signs))}")
+    if heals(signs):
+        report(f"watch: Docker starts it again and the group's supervisors re-form the group;"
+               f" waiting up to {policy.heal:g} s")  # fmt: skip
+        start = clock()
+        while clock() - start < policy.heal:
+            sleep(HEAL_POLL)
+            if not group.problems(policy.deadline):
+                report(f"watch: healed by Docker and the supervisors in {clock() - start:.0f} s")
+                group.quiet()
+                return
+        report(f"watch: not healed in {policy.heal:g} s; recreating the group")
+    problems = group.problems(policy.deadline)
+    if not problems:
+        report("watch: the group serves; nothing to do")
+        return
+    state.failed = policy.failures
+    report(f"watch: confirmed: {'; '.join(problems)}{_heat_named(state.heat, problems)}")
+    if _recovered(group, state, problems[0], policy, report, sleep):
+        state.failed, state.recovered_at = 0, clock()
+
+
+def _healthy(state: _State, policy: Policy, report: Report, clock: Callable[[], float]) -> None:
+    if state.recoveries and clock() - state.recovered_at >= policy.stable:
+        report(f"watch: healthy for {policy.stable:g} s; the recovery count starts again")
+        state.recoveries = 0
+    report("watch: ok" if not state.failed else "watch: ok again")
+    state.failed = 0
+
+
+def _recovered(
+    group: Group,
+    state: _State,
+    problem: str,
+    policy: Policy,
+    report: Report,
+    sleep: Callable[[float], None],
+) -> bool:
+    """One recovery after its back-off; whether the group was recreated. After the cap, the
+    group is taken down and WatchGaveUp raised."""
+    if state.recoveries >= policy.max_recoveries:
+        report("watch: giving up; taking the group down on every node")
+        raise WatchGaveUp(state.recoveries, problem, group.down())
+    delay = policy.delay(state.recoveries)
+    state.recoveries += 1
+    when = f"in {delay:g} s" if delay else "now"
+    report(
+        f"watch: recovery {state.recoveries}/{policy.max_recoveries} {when}:"
+        f" recreating the whole group ({problem})"
+    )
+    if delay:
+        sleep(delay)
+    _cooled(group, policy, report, sleep)
+    try:
+        group.recreate()
+    except VllmComposeError as e:
+        report(f"watch: recovery {state.recoveries} failed: {e.message}")
+        return False
+    finally:
+        group.quiet()  # the recovery's own events are not faults
+    report(f"watch: recovery {state.recoveries} done: serving again")
+    return True
+
+
+def _heat_named(heat: dict[str, Reading], problems: list[str]) -> str:
+    """Heat as the likely cause of each node in `problems` whose GPU was near the limit when last
+    read; '' when none was."""
+    named = [
+        f"{node}'s GPU was at {r.hottest:g} °C when last seen"
+        for node, r in heat.items()
+        if r.near and r.hottest is not None and any(p.startswith(f"{node}: ") for p in problems)
+    ]
+    return f" (heat is the likely cause: {'; '.join(named)})" if named else ""
+
+
+def _cooled(group: Group, policy: Policy, report: Report, sleep: Callable[[float], None]) -> None:
+    """Hold the restart while a node's GPU is over the limit: starting vLLM heats it further."""
+    while hot := {node: r.too_hot for node, r in group.heat().items() if r.too_hot}:
+        held = "; ".join(f"{node}: {why}" for node, why in hot.items())
+        report(f"watch: holding the restart while {held}; checking again in {policy.interval:g} s")
+        sleep(policy.interval)
