@@ -278,3 +278,24 @@ def test_no_command_reads_writes_or_shows_a_side_file_through_a_link(
     said = run(command, "c.yaml", cwd=place)
     assert DECOY_SECRET not in said.stdout + said.stderr
     decoys_untouched(place)
+
+
+def test_every_side_file_of_a_config_is_named_in_one_place() -> None:
+    from generator.base.sidefiles import Beside
+    from generator.nodes import secrets
+    from generator.operations import gate, history, lock, stamps
+
+    config = Path("/srv/c.yaml")
+    beside = Beside(config)
+    assert [lock.path_for(config), history.folder_for(config), stamps.path_for(config)] == [
+        beside.lock,
+        beside.history,
+        beside.stamps,
+    ]
+    assert gate.path_for(config) == beside.answers == Path("/srv/c.answers.json")
+    assert [p.name for p in (beside.lock, beside.logs, beside.bench)] == [
+        "c.lock.json",
+        "c.logs",
+        "c.bench",
+    ]
+    assert secrets._default(config, "api_key") == "c.api-key"

@@ -9,11 +9,48 @@ never prints its contents.
 from __future__ import annotations
 
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from generator.base.errors import UnsafePath
 
 LIMIT = 1 << 20  # bytes: a config, lock or history entry is a few KiB
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Every file and folder the tool keeps beside a config, named here only:
+    CONFIG-STEM.lock.json, .history/, .model-stamps.json, .logs/, .bench/, .answers.json, and
+    the generated secrets (.api-key, .ray-token)."""
+
+    config: Path
+
+    def named(self, suffix: str) -> Path:
+        return self.config.with_name(f"{self.config.stem}.{suffix}")
+
+    @property
+    def lock(self) -> Path:
+        return self.named("lock.json")
+
+    @property
+    def history(self) -> Path:
+        return self.named("history")
+
+    @property
+    def stamps(self) -> Path:
+        return self.named("model-stamps.json")
+
+    @property
+    def logs(self) -> Path:
+        return self.named("logs")
+
+    @property
+    def bench(self) -> Path:
+        return self.named("bench")
+
+    @property
+    def answers(self) -> Path:
+        return self.named("answers.json")
 
 
 def problem(path: Path, limit: int = LIMIT, follow: bool = False) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from python_on_whales import DockerClient, DockerException
 from python_on_whales.utils import run
 
+from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
 from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_names
@@ -63,7 +64,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
 
 
 def _default(config: Path, name: str) -> str:
-    return f"{config.stem}.{SECRET_NAMES[name]}"
+    return sidefiles.Beside(config).named(SECRET_NAMES[name]).name
 
 
 def _generate(path: Path) -> Path:

@@ -19,7 +19,7 @@ from generator.operations.bench import Sweep
 
 def folder(config: Path, locked: lock.Lock | None) -> Path:
     """Where runs under this lock are kept (`unlocked` without one)."""
-    return config.with_name(f"{config.stem}.bench") / lock.key(locked)
+    return sidefiles.Beside(config).bench / lock.key(locked)
 
 
 def save(

@@ -127,7 +127,7 @@ def _parsers(found: dict[str, Any]) -> list[Verdict]:
 
 
 def path_for(config: Path) -> Path:
-    return config.with_name(f"{config.stem}.answers.json")
+    return sidefiles.Beside(config).answers
 
 
 def recorded(config: Path) -> dict[str, Any] | None:

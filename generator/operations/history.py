@@ -38,7 +38,7 @@ class Entry:
 
 
 def folder_for(config: Path) -> Path:
-    return config.with_name(f"{config.stem}.history")
+    return sidefiles.Beside(config).history
 
 
 def entries(config: Path) -> list[Entry]:

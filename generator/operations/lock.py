@@ -61,7 +61,7 @@ class Lock(BaseModel):
 
 
 def path_for(config: Path) -> Path:
-    return config.with_name(f"{config.stem}.lock.json")
+    return sidefiles.Beside(config).lock
 
 
 def read(config: Path) -> Lock | None:

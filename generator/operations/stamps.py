@@ -24,7 +24,7 @@ class Stamps(BaseModel):
 
 
 def path_for(config: Path) -> Path:
-    return config.with_name(f"{config.stem}.model-stamps.json")
+    return sidefiles.Beside(config).stamps
 
 
 def read(config: Path, model: str) -> Stamps | None:

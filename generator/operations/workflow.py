@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from generator import config
+from generator.base import sidefiles
 from generator.base.errors import DriftError
 from generator.base.fanout import Report
 from generator.nodes import secrets, survey
@@ -150,7 +151,7 @@ def opened(
         rendered = plan(path, cluster, folder, found)
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
-        logs, stamped = path.with_name(f"{path.stem}.logs"), stamps.read(path, cluster.model.path)
+        logs, stamped = sidefiles.Beside(path).logs, stamps.read(path, cluster.model.path)
         waits = timeouts or Timeouts()
         deployment = Deployment(
             fleet, locked, lock.path_for(path), update_lock, logs, stamped, waits, seen
