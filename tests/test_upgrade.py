@@ -6,6 +6,7 @@ by its canary and, accepted, serves; and `rollback` goes back to the stack befor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,8 +83,13 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert answers(worker, key)
 
     # A good upgrade (any answer matches) whose repetition penalty changes the greedy answers
-    # `check` recorded: named, accepted and recorded anew; then rollback to the stack before it.
-    penalty = "--enforce-eager, --override-generation-config, '{\"repetition_penalty\": 3.0}'"
+    # `check` recorded: named, accepted and recorded anew. It adds a tool-call and a reasoning
+    # parser that need no special tokens (the tiny model has none), which `check` then exercises.
+    # Then rollback to the stack before it.
+    penalty = (
+        "--enforce-eager, --override-generation-config, '{\"repetition_penalty\": 3.0}',"
+        " --enable-auto-tool-choice, --tool-call-parser, pythonic, --reasoning-parser, granite"
+    )
     changed = good.replace("max_model_len: 256", "max_model_len: 200")
     path.write_text(changed.replace("--enforce-eager", penalty)
                     + "canary: {prompt: 'Hello', expect: '(?s).'}\n")  # fmt: skip
@@ -95,6 +101,13 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert (tmp / "upg.answers.json").read_text() != recorded
     assert "downtime: " in upgraded.stdout and answers(worker, key)
     assert max_model_len(head) == 200
+    parsed = cli("check", path, cwd=tmp)
+    print(parsed.stdout, parsed.stderr)
+    assert parsed.returncode == 0, parsed.stdout + parsed.stderr
+    assert "check: golden: ok: the 4 recorded answers, unchanged" in parsed.stdout
+    assert "check: context: ok: 200 tokens answered, 201 refused cleanly (400)" in parsed.stdout
+    assert re.search(r"check: tool-call parser: ok: \d+ tool call\(s\) parsed", parsed.stdout)
+    assert "check: reasoning parser: ok: " in parsed.stdout
     back = cli("rollback", path, cwd=tmp, timeout=900)
     assert back.returncode == 0, back.stderr
     assert answers(worker, key) and max_model_len(head) == 256
