@@ -208,3 +208,22 @@ def test_every_command_has_an_example_that_names_only_its_own_options() -> None:
         assert {w for w in words if w.startswith("-")} <= options, command.epilog
     shown = run("logs", "--help").stdout
     assert "Example: vllm-compose logs cluster.yaml --node spark-2 --follow" in shown
+
+
+def test_watchs_options_are_declared_once_and_reach_the_policy_from_watch_and_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from generator.cli import app, cluster
+    from generator.operations.watch import Policy
+
+    seen: list[Policy] = []
+    monkeypatch.setattr(cluster, "open_config", lambda *a, **k: None)
+    monkeypatch.setattr(cluster, "_watch", lambda opened, policy: seen.append(policy))
+    given = ["--interval", "5", "--heal", "7", "--max-recoveries", "0"]
+    done = CliRunner().invoke(app, ["watch", "c.yaml", *given])
+    assert done.exit_code == 0, done.output
+    assert seen == [Policy(interval=5, heal=7, max_recoveries=0)]
+    refused = CliRunner().invoke(app, ["up", "c.yaml", "--watch", "--interval", "0.5"])
+    assert refused.exit_code == 2 and seen == [Policy(interval=5, heal=7, max_recoveries=0)]

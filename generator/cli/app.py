@@ -6,7 +6,10 @@ that prints or exits; everything else raises."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,6 +80,35 @@ HealOpt = Annotated[
     ),
 ]
 DEFAULT = watching.Policy()
+# watch's policy, as options of `watch` and of `up --watch` (declared once: with_policy).
+POLICY_OPTIONS = {
+    "interval": IntervalOpt,
+    "deadline": DeadlineOpt,
+    "failures": FailuresOpt,
+    "max_recoveries": RecoveriesOpt,
+    "backoff": BackoffOpt,
+    "heal": HealOpt,
+}
+
+
+def with_policy(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with watch's policy options added to its own; it gets them as one `policy`."""
+    own = inspect.signature(command, eval_str=True)
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(DEFAULT, name),
+                          annotation=option)
+        for name, option in POLICY_OPTIONS.items()
+    ]  # fmt: skip
+    params = [p for p in own.parameters.values() if p.name != "policy"] + added
+
+    @functools.wraps(command)
+    def run(**given: Any) -> None:
+        chosen = {name: given.pop(name) for name in POLICY_OPTIONS}
+        command(**given, policy=watching.Policy(**chosen))
+
+    run.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
 
 
 progress = Progress(err)

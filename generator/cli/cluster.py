@@ -18,20 +18,15 @@ from generator.base.errors import DockerError, VllmComposeError
 from generator.cli.app import (
     DEFAULT,
     HOUR,
-    BackoffOpt,
     ConfigArg,
-    DeadlineOpt,
-    FailuresOpt,
-    HealOpt,
-    IntervalOpt,
     JsonOpt,
     OutdirOpt,
-    RecoveriesOpt,
     UpdateLockOpt,
     app,
     err,
     open_config,
     out,
+    with_policy,
 )
 from generator.cli.files import locked
 from generator.cli.release import served
@@ -55,6 +50,7 @@ AndWatchOpt = Annotated[
 
 
 @app.command()
+@with_policy
 def up(
     path: ConfigArg,
     outdir: OutdirOpt = None,
@@ -71,12 +67,7 @@ def up(
     update_lock: UpdateLockOpt = False,
     keep_on_failure: KeepOpt = False,
     and_watch: AndWatchOpt = False,
-    interval: IntervalOpt = DEFAULT.interval,
-    deadline: DeadlineOpt = DEFAULT.deadline,
-    failures: FailuresOpt = DEFAULT.failures,
-    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
-    backoff: BackoffOpt = DEFAULT.backoff,
-    heal: HealOpt = DEFAULT.heal,
+    policy: watching.Policy = DEFAULT,
 ) -> None:
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. A start phase that fails takes the group down again. With a lock beside the config,
@@ -91,28 +82,17 @@ def up(
     history.record(path, opened.config_text, opened.locked)
     served(result)
     if and_watch:
-        policy = watching.Policy(interval, deadline, failures, max_recoveries, backoff, heal=heal)
         _watch(opened, policy)
 
 
 @app.command()
-def watch(
-    path: ConfigArg,
-    outdir: OutdirOpt = None,
-    interval: IntervalOpt = DEFAULT.interval,
-    deadline: DeadlineOpt = DEFAULT.deadline,
-    failures: FailuresOpt = DEFAULT.failures,
-    max_recoveries: RecoveriesOpt = DEFAULT.max_recoveries,
-    backoff: BackoffOpt = DEFAULT.backoff,
-    heal: HealOpt = DEFAULT.heal,
-) -> None:
+@with_policy
+def watch(path: ConfigArg, outdir: OutdirOpt = None, policy: watching.Policy = DEFAULT) -> None:
     """Keep a started group serving: every INTERVAL s check every service on every node, Ray's
     nodes and a real completion; on failure recreate the whole group in order, with back-off;
     after MAX_RECOVERIES in a row take it down and stop, saying why. Ctrl-C leaves it as it is."""
     opened = open_config(path, outdir, strict=True, with_secrets=True)
-    _watch(
-        opened, watching.Policy(interval, deadline, failures, max_recoveries, backoff, heal=heal)
-    )
+    _watch(opened, policy)
 
 
 def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
