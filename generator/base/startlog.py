@@ -31,6 +31,7 @@ PHASES: list[tuple[str, re.Pattern[str]]] = [
         ("API up", r"Starting vLLM (API )?server|Application startup complete"),
     ]
 ]
+LAST = PHASES[-1][0]  # "API up"
 # A Ray worker's lines in the driver's log name the worker's node when it is not the driver's,
 # in colour: "\x1b[36m(RayWorkerProc pid=812, ip=192.168.200.13)\x1b[0m INFO ...". Ray drops a
 # line that another worker logged too, unless RAY_DEDUP_LOGS=0 (serve sets it).
@@ -46,6 +47,21 @@ class Seen:
 
     def __str__(self) -> str:
         return self.phase if self.percent is None else f"{self.phase} {self.percent}%"
+
+
+class PhaseLine(str):
+    """A progress line that says a node's start phase ("serve: spark1: loading weights 45% (14
+    s)"), with what it says as fields: cli/live.py shows them without reading the text back."""
+
+    wait: str  # what is waited for: `serve`
+    node: str
+    seen: Seen
+    done: bool  # the last phase: the API is up
+
+    def __new__(cls, text: str, wait: str, node: str, seen: Seen) -> PhaseLine:
+        line = super().__new__(cls, text)
+        line.wait, line.node, line.seen, line.done = wait, node, seen, seen.phase == LAST
+        return line
 
 
 def read(line: str) -> Seen | None:

@@ -4,60 +4,49 @@ every line when stderr is not a terminal, is printed as it comes."""
 
 from __future__ import annotations
 
-import re
 import time
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-# "serve: spark1: loading weights 45% (14 s)" and "serve: spark1: still compiling after 30 s ..."
-PHASE = re.compile(
-    r"^(?P<wait>serve): (?P<node>[^\s:]+): (?:still )?(?P<what>.+?)(?: \(\d+ s\)| after .*)?$"
-)
-
-
-DONE = "API up"  # the last phase: the lines stay as they are
-
-
-def _phase(what: str) -> str:
-    return re.sub(r" \d+%$", "", what)
+from generator.base.startlog import LAST, PhaseLine
 
 
 class Progress:
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.rows: dict[str, tuple[str, str, float]] = {}  # node -> (wait, phase, since)
+        # node -> (wait, what it says, since, its phase)
+        self.rows: dict[str, tuple[str, str, float, str]] = {}
         self.first: dict[str, float] = {}  # node -> when its first phase began
         self.live: Live | None = None
 
     def __call__(self, line: str) -> None:
-        found = PHASE.match(line) if self.console.is_terminal else None
-        if found is None:
+        if not (isinstance(line, PhaseLine) and self.console.is_terminal):
             self.console.print(f"  {line}")
             return
-        node, what = found["node"], found["what"]
+        node, what = line.node, str(line.seen)
         shown = self.rows.get(node)
         self.first.setdefault(node, time.monotonic())
-        if shown is None or _phase(shown[1]) != _phase(what):
-            self.rows[node] = (found["wait"], what, time.monotonic())
+        if shown is None or shown[3] != line.seen.phase:
+            self.rows[node] = (line.wait, what, time.monotonic(), line.seen.phase)
         else:  # progress within the phase: its time still counts from its start
-            self.rows[node] = (found["wait"], what, shown[2])
+            self.rows[node] = (line.wait, what, shown[2], line.seen.phase)
         if self.live is None:
             self.live = Live(self, console=self.console, refresh_per_second=2)
             self.live.start()
-        if what == DONE:
+        if line.done:
             self.stop()
 
     def __rich__(self) -> Group:
         now = time.monotonic()
-        return Group(*(Text(f"  {wait}: {node}: {what} ({self._took(node, what, since, now)})")
-                       for node, (wait, what, since) in self.rows.items()))  # fmt: skip
+        return Group(*(Text(f"  {wait}: {node}: {what} ({self._took(node, phase, since, now)})")
+                       for node, (wait, what, since, phase) in self.rows.items()))  # fmt: skip
 
-    def _took(self, node: str, what: str, since: float, now: float) -> str:
+    def _took(self, node: str, phase: str, since: float, now: float) -> str:
         """Time in the phase; for the last one, the whole start's."""
         return (
-            f"{since - self.first[node]:.0f} s in all" if what == DONE else f"{now - since:.0f} s"
+            f"{since - self.first[node]:.0f} s in all" if phase == LAST else f"{now - since:.0f} s"
         )
 
     def stop(self) -> None:

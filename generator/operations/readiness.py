@@ -98,7 +98,8 @@ class Watched:
         tracker = self.trackers.setdefault(node.name, startlog.Tracker())
         if seen := tracker.advance(line, time.monotonic()):
             took = time.monotonic() - self.began
-            self.fleet.report(f"{self.phase}: {node.name}: {seen} ({took:.0f} s)")
+            said = f"{self.phase}: {node.name}: {seen} ({took:.0f} s)"
+            self.fleet.report(startlog.PhaseLine(said, self.phase, node.name, seen))
 
     def probe(self, probe: list[str]) -> bool:
         try:
@@ -226,7 +227,8 @@ def _waiting(watched: Watched, elapsed: float) -> str:
     if now is None:
         return f"{said} not ready ({elapsed:.0f} s): {watched.last}"
     took = time.monotonic() - watched.phases.since
-    return f"{said}: still {now} after {took:.0f} s ({elapsed:.0f} s in all)"
+    still = f"{said}: still {now} after {took:.0f} s ({elapsed:.0f} s in all)"
+    return startlog.PhaseLine(still, watched.phase, watched.node.name, now)
 
 
 def _read_a_second(watched: Watched, lines: queue.Queue[str | None] | None) -> None:
