@@ -40,7 +40,7 @@ from canary import Canary
 
 POLL = 1.0  # seconds between looks at the root and members while the command runs
 FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
-CONNECT = 1.0  # seconds a look may take
+CONNECT = 0.5  # seconds a look may take (the private link answers in well under a millisecond)
 STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is killed
 # The same when the group broke: a rank whose peer is gone often hangs in a collective and
 # ignores SIGTERM; the rest of the group waits for it to go.
@@ -48,9 +48,12 @@ BREAK_GRACE = 5
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
 STEADY = 300  # seconds of running after which a command's exit counts as its first failure
 # The lines `up` reads (generator/base/probes.py has the same words): the command started, and the
-# command exited by itself (a failed start, while a back-off runs).
+# command exited by itself (a failed start, while a back-off runs). `watch` reads the next two
+# (generator/nodes/events.py has the same words): a peer fell silent, and the group broke.
 STARTING = "starting"
 EXITED = "exited with code"
+SILENT = "stopped answering"
+BROKE = "the group broke:"
 
 
 def say(message: str) -> None:
@@ -160,11 +163,14 @@ def broken(member: Member, seen: dict[tuple[str, int], str], silent: dict[str, f
         answer = ask(peer)
         name = _name(peer)
         if answer is None:
+            if name not in silent:
+                say(f"{name} {SILENT}; the group breaks if it stays silent {member.grace:g} s")
             since = silent.setdefault(name, time.monotonic())
             if time.monotonic() - since >= member.grace:
                 return f"{name} has not answered for {member.grace:g} s"
             continue
-        silent.pop(name, None)
+        if silent.pop(name, None) is not None:
+            say(f"{name} answers again")
         if answer[0] != expected:
             return f"{name} started again"
     return ""
@@ -200,7 +206,7 @@ def run(member: Member, command: list[str]) -> int:
         if stopping.is_set():
             return proc.wait()
         if why:
-            say(f"the group broke: {why}; stopping {command[0]} to start it with the group again")
+            say(f"{BROKE} {why}; stopping {command[0]} to start it with the group again")
             _stop(proc, signal.SIGTERM, BREAK_GRACE)
             continue
         failures = _back_off(command[0], proc.returncode, time.monotonic() - started, failures)

@@ -121,6 +121,10 @@ def test_a_member_that_stops_answering_breaks_the_group_after_the_grace(
     eventually(lambda: member.count() == 1)
     os.killpg(root.proc.pid, signal.SIGKILL)  # the root's node loses power
     eventually(lambda: "has not answered for 3 s" in member.output.read_text(), 15)
+    said = member.output.read_text()
+    # Said at its first silent look too, well before the break: what watch names a cut link by.
+    silent = f"127.0.0.1:{PORT} stopped answering; the group breaks if it stays silent 3 s"
+    assert said.index(silent) < said.index("has not answered for 3 s"), said
 
 
 def test_a_command_that_exits_is_started_again_after_a_back_off(

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from generator.base.errors import PhaseError, WatchGaveUp
 from generator.nodes import events
 from generator.nodes.events import Sign
+from generator.nodes.fleet import Fleet
 from generator.nodes.hardware import Reading
 from generator.operations.watch import Policy, watch
 
@@ -263,22 +265,69 @@ def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path:
     kill, die = captured.splitlines()[2:4]
     (tmp_path / "kill").write_text(kill + "\n")
     (tmp_path / "die").write_text(die + "\n")
-    docker = tmp_path / "docker"
-    docker.write_text(
-        f"#!/bin/sh\ncat {tmp_path}/kill\nsleep 1\ncat {tmp_path}/die\nexec sleep 30\n"
-    )
-    docker.chmod(0o755)
-    node = types.SimpleNamespace(name="spark2")
-    fleet = types.SimpleNamespace(
-        cluster=types.SimpleNamespace(name="evtest", nodes=[node]),
-        docker={
-            "spark2": types.SimpleNamespace(
-                client_config=types.SimpleNamespace(docker_cmd=[docker])
-            )
-        },
-    )
-    with events.Follower(fleet) as follower:  # type: ignore[arg-type]
+    fleet = fake_docker(tmp_path, f"cat {tmp_path}/kill\nsleep 1\ncat {tmp_path}/die", "")
+    with events.Follower(fleet) as follower:
         first, second = follower.next(10), follower.next(10)
     assert [(s.action, s.manual) for s in first] == [("kill", False)]
     assert [(s.action, s.manual) for s in second] == [("die", True)]
     assert not events.heals(second)
+
+
+def fake_docker(tmp_path: Path, events_: str, logs: str) -> Fleet:
+    """A fleet of one node whose `docker` is a FAKE script: `events` runs `events_`, `ps` names
+    one running serve container, `logs` runs `logs`; each then sleeps."""
+    docker = tmp_path / "docker"
+    docker.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  events) {events_}\n    exec sleep 30;;\n'
+        f"  ps) echo 1234abcd serve;;\n  logs) {logs or ':'}\n    exec sleep 30;;\nesac\n"
+    )
+    docker.chmod(0o755)
+    node = types.SimpleNamespace(name="spark2")
+    config = types.SimpleNamespace(docker_cmd=[docker])
+    return cast(Fleet, types.SimpleNamespace(
+        cluster=types.SimpleNamespace(name="evtest", nodes=[node]),
+        docker={"spark2": types.SimpleNamespace(client_config=config)},
+    ))  # fmt: skip
+
+
+# The supervisors' own lines (image/group.py), as `docker logs` hands them on.
+SILENT = "vllm-compose: 10.0.0.2:7101 stopped answering; the group breaks if it stays silent 10 s"
+BROKE = (
+    "vllm-compose: the group broke: its canary failed for 60 s (completion at"
+    " http://127.0.0.1:8000/v1/completions failed: timed out); stopping vllm to start it with"
+    " the group again"
+)
+
+
+def test_a_supervisors_words_are_signs_the_supervisors_mend() -> None:
+    silent = events.supervisor("spark1", "serve", SILENT + "\n")
+    broke = events.supervisor("spark1", "serve", BROKE)
+    assert silent is not None and broke is not None
+    assert silent.said() == "spark1: serve its supervisor: 10.0.0.2:7101 stopped answering"
+    assert broke.said() == (
+        "spark1: serve its supervisor: the group broke (its canary failed for 60 s (completion"
+        " at http://127.0.0.1:8000/v1/completions failed: timed out))"
+    )
+    assert events.heals([silent]) and events.heals([broke])
+    assert not events.heals([silent, *signs_of(*KILLED)])  # a kill still needs watch
+    assert events.supervisor("spark1", "serve", "vllm-compose: waiting for the head") is None
+    assert events.supervisor("spark1", "serve", "INFO the group broke: not ours") is None
+
+
+def test_a_followed_log_s_supervisor_lines_come_as_signs(tmp_path: Path) -> None:
+    """The follower over a FAKE `docker`: a running container's log (as `docker ps` names it)
+    is followed, and its supervisor's line is a sign of that node and service."""
+    (tmp_path / "log").write_text(f"INFO some vLLM line\n{SILENT}\n")
+    with events.Follower(fake_docker(tmp_path, "", f"cat {tmp_path}/log")) as follower:
+        found = follower.next(10)
+    assert [(s.node, s.service, s.action) for s in found] == [("spark2", "serve", "silent")]
+
+
+def test_a_break_the_supervisors_mend_is_waited_for_and_named_as_theirs() -> None:
+    broke = events.supervisor("spark1", "serve", BROKE)
+    assert broke is not None
+    group = FakeGroup([[], BAD, []], signs=[[broke]])
+    _, lines, _ = run(group, POLICY)
+    assert "recreate" not in group.calls
+    assert lines[2] == "watch: the group's supervisors re-form the group; waiting up to 120 s"
+    assert "watch: healed by the supervisors in 4 s" in lines

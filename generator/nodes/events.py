@@ -2,6 +2,12 @@
 between its checks, within a second of a container dying, being killed, stopped, removed or
 turning unhealthy, instead of at its next check.
 
+A cut link or a hung rank sends no container event, but the group's supervisors (image/group.py)
+see it within a second and say so in their container's log: a peer that stopped answering, a
+group that broke (a peer silent for the group's grace, a peer started again, the head's canary
+failing). Each running container of the group has its log followed too (`docker logs -f`, started
+again with each start event), and those lines are signs as well.
+
 One `docker events` per node, over the node's context, filtered to the cluster's Compose project
 (python-on-whales streams events but cannot end the stream; so, as `Fleet.follow`, this is a
 process of its own, ended on leaving). A stream that ends means the node's engine went away (a
@@ -11,6 +17,7 @@ engine answers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
@@ -27,6 +34,10 @@ GATHER = 0.5  # seconds to wait for the rest of one fault's events (a kill, then
 # Actions that say a container is no longer what the group runs on.
 BREAKING = ("die", "kill", "oom", "stop", "destroy", "health_status: unhealthy")
 MANUAL = ("kill", "stop", "destroy")  # through the engine: Docker will not start it again
+# The supervisors' lines (image/group.py has the same words), and the actions they become.
+SUPERVISOR = "vllm-compose: "
+SAID = {"stopped answering": "silent", "the group broke:": "broke"}
+HEALING = ("die", "oom", "gone", "silent", "broke")  # Docker or the supervisors act on these
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +51,7 @@ class Sign:
     exit_code: int | None = None
     signal: int | None = None
     manual: bool = False  # the container was killed or stopped through its engine before
+    detail: str = ""  # a supervisor's own words, for "silent" and "broke"
 
     def said(self) -> str:
         """What happened, for watch's line: "ray exited (exit 137)", "serve removed", ..."""
@@ -51,6 +63,8 @@ class Sign:
             "destroy": "removed",
             "health_status: unhealthy": "turned unhealthy",
             "gone": "its engine's event stream ended: the engine or the node went away",
+            "silent": f"its supervisor: {self.detail}",
+            "broke": f"its supervisor: the group broke ({self.detail})",
         }
         what = words.get(self.action, self.action)
         return (
@@ -80,6 +94,16 @@ def parse(node: str, line: str) -> Sign | None:
     )
 
 
+def supervisor(node: str, service: str, line: str) -> Sign | None:
+    """A supervisor's line from a container's log as a sign; None for any other line."""
+    _, found, message = line.partition(SUPERVISOR)
+    for words, action in SAID.items() if found else ():
+        if words in message:
+            detail = message.split(words, 1)[1] if action == "broke" else message
+            return Sign(node, service, action, detail=detail.split(";")[0].strip())
+    return None
+
+
 def _number(text: object) -> int | None:
     try:
         return int(str(text))
@@ -92,12 +116,12 @@ def heals(signs: list[Sign]) -> bool:
     again by its restart policy (unless-stopped), an OOM kill included, and a node's whole stack
     with its engine (a reboot, a power cut: the stacks restart with their node). One killed or
     stopped through its engine (docker kill, docker stop) or removed is not; nor is an
-    unhealthy one (Docker's restart policies do not act on health)."""
-    broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
+    unhealthy one (Docker's restart policies do not act on health). A peer silent or a group
+    broken, as a supervisor says, the supervisors mend themselves."""
+    broken = [s for s in signs if s.action in BREAKING or s.action in HEALING]
     manual = {s.container for s in signs if s.action in MANUAL}
     return bool(broken) and all(
-        s.action in ("die", "oom", "gone") and not s.manual and s.container not in manual
-        for s in broken
+        s.action in HEALING and not s.manual and s.container not in manual for s in broken
     )
 
 
@@ -113,6 +137,7 @@ class Follower:
         # Containers killed or stopped through their engine: a `docker stop` says kill (SIGTERM)
         # first, and its die comes up to the grace period later, in a later batch of signs.
         self.manual: set[str] = set()
+        self.tails: dict[str, subprocess.Popen[str]] = {}  # container ID -> its log followed
 
     def __enter__(self) -> Follower:
         self.threads = [
@@ -126,7 +151,7 @@ class Follower:
     def __exit__(self, *_: object) -> None:
         self.closed.set()
         with self.lock:
-            for process in self.processes.values():
+            for process in [*self.processes.values(), *self.tails.values()]:
                 process.terminate()
         for thread in self.threads:
             thread.join(timeout=5)
@@ -169,6 +194,7 @@ class Follower:
                     cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
                 )
                 self.processes[node] = process
+            self._tail_running(node)
             assert process.stdout is not None
             with process.stdout:
                 self._read(node, process.stdout)
@@ -184,6 +210,8 @@ class Follower:
     def _read(self, node: str, stream: IO[str]) -> None:
         for line in stream:
             sign = parse(node, line)
+            if sign is not None and sign.action == "start":
+                self._tail(node, sign.container, sign.service, _since(line))
             if sign is None or sign.action not in BREAKING:
                 continue
             if sign.action in MANUAL:
@@ -191,3 +219,46 @@ class Follower:
             elif sign.container in self.manual:
                 sign = dataclasses.replace(sign, manual=True)
             self.signs.put(sign)
+
+    def _tail_running(self, node: str) -> None:
+        """Follow the log of each of the cluster's containers running on `node` from now on."""
+        project = f"label=com.docker.compose.project={self.fleet.cluster.name}"
+        cmd = [*map(str, self.fleet.docker[node].client_config.docker_cmd), "ps", "--filter"]
+        cmd += [project, "--filter", "label=com.docker.compose.oneoff=False", "--format"]
+        cmd += [f'{{{{.ID}}}} {{{{.Label "{SERVICE}"}}}}']
+        found = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+        for line in found.splitlines():
+            container, _, service = line.partition(" ")
+            self._tail(node, container, service, None)
+
+    def _tail(self, node: str, container: str, service: str, since: str | None) -> None:
+        """Follow one container's log (from `since`, else from now) in a thread of its own,
+        until the container stops; its supervisor's lines become signs."""
+        docker = [*map(str, self.fleet.docker[node].client_config.docker_cmd), "logs", "-f"]
+        cmd = [*docker, *(["--since", since] if since else ["--tail", "0"]), container]
+        with self.lock:
+            self.tails = {c: p for c, p in self.tails.items() if p.poll() is None}
+            running = self.tails.get(container)
+            if self.closed.is_set() or running is not None:
+                return
+            process = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            )
+            self.tails[container] = process
+        threading.Thread(target=self._said, args=(node, service, process), daemon=True).start()
+
+    def _said(self, node: str, service: str, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        with process.stdout:
+            for line in process.stdout:
+                if sign := supervisor(node, service, line):
+                    self.signs.put(sign)
+        process.wait()
+
+
+def _since(line: str) -> str | None:
+    """An event's time, as `docker logs --since` takes it (the engine's own clock)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        nanos = int(json.loads(line).get("timeNano"))
+        return f"{nanos // 10**9}.{nanos % 10**9:09d}"
+    return None

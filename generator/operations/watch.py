@@ -1,10 +1,12 @@
 """`vllm-compose watch`: keep a running group serving, or stop it and say why.
 
-Between checks, watch follows every node's container events (generator/nodes/events.py): a container
-of the group that dies, is killed, stopped, removed or turns unhealthy is named at once. Where
-Docker brings it back by itself (an exit or OOM kill under the stacks' restart policy) and the
-group's supervisors re-form the group, watch waits up to `heal` seconds and says so, rather than
-racing them with a recreate; where nothing else will act (killed or stopped through its engine,
+Between checks, watch follows every node's container events and the group's supervisors' lines
+(generator/nodes/events.py): a container of the group that dies, is killed, stopped, removed or
+turns unhealthy, a peer that stops answering (a cut link) and a group that broke (a hung rank
+failing the head's canary) are named at once. Where Docker brings it back by itself (an exit or
+OOM kill under the stacks' restart policy) and the group's supervisors re-form the group, or the
+supervisors alone do, watch waits up to `heal` seconds and says so, rather than racing them with
+a recreate; where nothing else will act (killed or stopped through its engine,
 removed, an engine gone), it confirms with a check and recovers at once.
 
 Every `interval` seconds the group is also checked (Deployment.problems: every service running on
@@ -112,13 +114,16 @@ def _signed(
     clock, sleep = time_
     report(f"watch: {'; '.join(dict.fromkeys(s.said() for s in signs))}")
     if heals(signs):
-        report(f"watch: Docker starts it again and the group's supervisors re-form the group;"
-               f" waiting up to {policy.heal:g} s")  # fmt: skip
+        docker = any(s.action in ("die", "oom", "gone") for s in signs)
+        who = "Docker and the supervisors" if docker else "the supervisors"
+        how = "Docker starts it again and the" if docker else "the"
+        report(f"watch: {how} group's supervisors re-form the group; waiting up to"
+               f" {policy.heal:g} s")  # fmt: skip
         start = clock()
         while clock() - start < policy.heal:
             sleep(HEAL_POLL)
             if not group.problems(policy.deadline):
-                report(f"watch: healed by Docker and the supervisors in {clock() - start:.0f} s")
+                report(f"watch: healed by {who} in {clock() - start:.0f} s")
                 group.quiet()
                 return
         report(f"watch: not healed in {policy.heal:g} s; recreating the group")
