@@ -15,7 +15,8 @@ MODULE_LINES, FUNCTION_LINES = 300, 40
 # bytes and leave their pipes open; images.stream), and git, not docker: is a generated key
 # ignored (secrets.unignored)?
 OWN_PROCESSES = {
-    ("generator/nodes/events.py", "_follow"),
+    ("generator/nodes/events.py", "_follow"),  # event and log streams, ended on leaving
+    ("generator/nodes/events.py", "_tail"),
     ("generator/nodes/fleet.py", "follow"),
     ("generator/nodes/images.py", "stream"),
     ("generator/nodes/secrets.py", "unignored"),

@@ -239,3 +239,37 @@ def test_a_crash_docker_restarts_is_left_to_heal_and_watch_says_who_healed_it(
     assert "recreat" not in watcher.output.split("watch: ok", 1)[1]
     after = {n.name: containers(n, "crashed")["ray"].id for n in (head, worker)}
     assert after == before  # the same containers: started again, not made anew
+
+
+def test_a_cut_link_is_named_from_the_supervisors_lines_and_left_to_them(stack: Pair) -> None:
+    """The link between the nodes cut for longer than the group's grace, then restored: no
+    container event comes, but the head's supervisors say their peer stopped answering; watch at
+    its defaults names it from their log within seconds (its next check is 30 s away), waits while
+    they break the group and form it again once the link is back, and recreates nothing."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "cutlink", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = {n.name: containers(n, "cutlink")["ray"].id for n in (head, worker)}
+    watcher = Background("watch", config, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        time.sleep(2)  # the event and log streams are open by now
+        cut = time.monotonic()
+        bed.link_down(worker)
+        try:
+            named = watcher.wait_for("stopped answering", 10)
+            assert "its supervisor" in named, named  # either side's, whichever looked first
+            assert "check failed" not in watcher.output  # no check had to notice it first
+            time.sleep(max(0.0, cut + 15 - time.monotonic()))  # past the group's grace (10 s)
+        finally:
+            bed.link_up(worker)
+        watcher.wait_for("watch: healed by the supervisors in", 180)
+    finally:
+        code = watcher.interrupt()
+    assert code == 130, watcher.output
+    assert "recreat" not in watcher.output.split("watch: ok", 1)[1]
+    after = {n.name: containers(n, "cutlink")["ray"].id for n in (head, worker)}
+    assert after == before  # the same containers: the supervisors re-formed the group in them
+    said = str(head.docker.container.logs(containers(head, "cutlink")["serve"]))
+    assert "has not answered for 10 s" in said, said[-2000:]  # broken, then formed again

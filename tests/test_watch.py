@@ -9,6 +9,7 @@ from typing import cast
 
 import pytest
 
+from generator.base.containers import SERVICE
 from generator.base.errors import PhaseError, WatchGaveUp
 from generator.nodes import events
 from generator.nodes.events import Sign
@@ -274,19 +275,25 @@ def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path:
 
 
 def fake_docker(tmp_path: Path, events_: str, logs: str) -> Fleet:
-    """A fleet of one node whose `docker` is a FAKE script: `events` runs `events_`, `ps` names
-    one running serve container, `logs` runs `logs`; each then sleeps."""
+    """A fleet of one node whose `docker` is a FAKE script (`events` runs `events_`, `logs` runs
+    `logs`; each then sleeps) and whose engine lists one running serve container."""
     docker = tmp_path / "docker"
     docker.write_text(
         f'#!/bin/sh\ncase "$1" in\n  events) {events_}\n    exec sleep 30;;\n'
-        f"  ps) echo 1234abcd serve;;\n  logs) {logs or ':'}\n    exec sleep 30;;\nesac\n"
+        f"  logs) {logs or ':'}\n    exec sleep 30;;\nesac\n"
     )
     docker.chmod(0o755)
     node = types.SimpleNamespace(name="spark2")
     config = types.SimpleNamespace(docker_cmd=[docker])
+    serve = types.SimpleNamespace(
+        id="1234abcd",
+        name="evtest-serve-1",
+        config=types.SimpleNamespace(labels={SERVICE: "serve"}),
+    )
+    listing = types.SimpleNamespace(list=lambda filters: [serve])  # the engine's running ones
     return cast(Fleet, types.SimpleNamespace(
         cluster=types.SimpleNamespace(name="evtest", nodes=[node]),
-        docker={"spark2": types.SimpleNamespace(client_config=config)},
+        docker={"spark2": types.SimpleNamespace(client_config=config, container=listing)},
     ))  # fmt: skip
 
 

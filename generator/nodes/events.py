@@ -26,7 +26,9 @@ import threading
 import time
 from typing import IO
 
-from generator.base.containers import SERVICE
+from python_on_whales import DockerException
+
+from generator.base.containers import SERVICE, service_of
 from generator.nodes.fleet import Fleet
 
 RESTART = 2.0  # seconds before a node's ended stream is started again
@@ -222,14 +224,15 @@ class Follower:
 
     def _tail_running(self, node: str) -> None:
         """Follow the log of each of the cluster's containers running on `node` from now on."""
-        project = f"label=com.docker.compose.project={self.fleet.cluster.name}"
-        cmd = [*map(str, self.fleet.docker[node].client_config.docker_cmd), "ps", "--filter"]
-        cmd += [project, "--filter", "label=com.docker.compose.oneoff=False", "--format"]
-        cmd += [f'{{{{.ID}}}} {{{{.Label "{SERVICE}"}}}}']
-        found = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-        for line in found.splitlines():
-            container, _, service = line.partition(" ")
-            self._tail(node, container, service, None)
+        project = f"com.docker.compose.project={self.fleet.cluster.name}"
+        try:
+            running = self.fleet.docker[node].container.list(
+                filters=[("label", project), ("label", "com.docker.compose.oneoff=False")]
+            )
+        except DockerException:
+            return  # its engine is away: the start events bring them when it is back
+        for container in running:
+            self._tail(node, container.id, service_of(container), None)
 
     def _tail(self, node: str, container: str, service: str, since: str | None) -> None:
         """Follow one container's log (from `since`, else from now) in a thread of its own,
