@@ -86,3 +86,16 @@ def test_every_module_sits_in_a_layer_and_imports_nothing_above_it() -> None:
                 if target in LAYERS and LAYERS.index(target) > own:
                     upward.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
     assert upward == []
+
+
+def test_only_the_node_layer_reaches_an_engine() -> None:
+    """Operations and the CLI reach the nodes through `Fleet` and the node layer's modules: no
+    client of their own, no reaching into `Fleet`'s clients."""
+    reaching = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted(ROOT.glob("generator/**/*.py"))
+        if "nodes" not in path.relative_to(ROOT).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ".docker[" in line or "DockerClient" in line
+    ]
+    assert reaching == []

@@ -20,6 +20,7 @@ from generator.base import probes, sidefiles
 from generator.base.errors import ConfigError, DriftError
 from generator.base.manifest import differences
 from generator.config import Cluster, ports, validation
+from generator.nodes import engines
 from generator.nodes.fleet import Fleet
 from generator.stack import slots
 from generator.stack.output import write_atomic
@@ -129,7 +130,7 @@ def resolve(fleet: Fleet, config_hash: str, port_given: bool) -> Lock:
     fleet.contexts_answer(30)
     fleet.images([head])
     fleet.push_secrets([head])
-    base = fleet.docker[head.name].image.inspect(cluster.image)
+    base = engines.image(fleet, head, cluster.image)
     fleet.report(f"lock: hashing {cluster.model.path} on {head.name}")
     facts = fleet.health(head, probes.facts("lo", "127.0.0.1", 0))
     manifest = fleet.manifest(head)

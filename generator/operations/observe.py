@@ -16,7 +16,7 @@ from generator.base.containers import health_of
 from generator.base.errors import reason
 from generator.base.fanout import each, pump
 from generator.config import Node
-from generator.nodes import hardware
+from generator.nodes import engines, hardware
 from generator.nodes.fleet import Fleet
 from generator.nodes.hardware import Hardware
 from generator.operations import readiness
@@ -82,7 +82,7 @@ def logs(fleet: Fleet, node: str | None, follow: bool) -> Iterator[str]:
 
 def _lines(fleet: Fleet, node: Node, follow: bool) -> Iterator[str]:
     try:
-        for _, chunk in fleet.docker[node.name].compose.logs(follow=follow, stream=True):
+        for chunk in engines.log_chunks(fleet, node, follow):
             for line in chunk.decode(errors="replace").splitlines():
                 yield f"{node.name} | {line}"
     except DockerException as e:

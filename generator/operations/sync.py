@@ -9,34 +9,22 @@ nothing; a copy that fails any check never reports success.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import Container, DockerClient, DockerException
+from python_on_whales import DockerException
 
-from generator.base import probes, units
-from generator.base.errors import DockerError, reason
-from generator.base.fanout import Report, each
+from generator.base.errors import reason
+from generator.base.fanout import each
 from generator.config import Node
-from generator.config.mounts import model_mount
+from generator.nodes import copies
+from generator.nodes.copies import Outcome
 from generator.nodes.fleet import Fleet
 from generator.operations.lock import Lock
-
-MANIFEST = "/tmp/vllm-compose-manifest.json"  # where a receiver finds the manifest
-
-
-@dataclass
-class Outcome:
-    moved: int = 0
-    kept: int = 0
-    error: str | None = None
 
 
 def sync_model(fleet: Fleet, source: Node, locked: Lock | None) -> dict[str, Outcome]:
@@ -58,7 +46,7 @@ def sync(fleet: Fleet, source: Node, manifest: dict[str, Any]) -> dict[str, Outc
     path = fleet.cluster.model.path
     # Below the ephemeral ports, above every cluster's group port (generator/config/ports.py).
     listen = f"{source.ip}:{random.randint(29700, 29999)}"
-    sender = _sender(fleet, source, listen)
+    sender = copies.sender(fleet, source, listen)
     targets = [n for n in fleet.cluster.nodes if n != source]
     outcomes = {n.name: Outcome() for n in targets}
     try:  # the receivers start at once: they retry until the sender listens
@@ -72,28 +60,8 @@ def sync(fleet: Fleet, source: Node, manifest: dict[str, Any]) -> dict[str, Outc
             }
             each(work, float("inf"))
     finally:
-        with contextlib.suppress(DockerException):
-            fleet.docker[source.name].container.remove(sender.id, force=True)
+        copies.remove(fleet, source, sender)
     return outcomes
-
-
-def _sender(fleet: Fleet, source: Node, listen: str) -> Container:
-    mount = model_mount(fleet.cluster.model.path)
-    try:
-        sender = fleet.docker[source.name].run(
-            fleet.wrapper,
-            probes.send(fleet.cluster.model.path, listen)[1:],
-            entrypoint=probes.HEALTH,
-            detach=True,
-            remove=True,
-            networks=["host"],
-            volumes=[(mount, mount, "ro")],
-            labels={"io.vllm-compose.cluster": fleet.cluster.name, "io.vllm-compose.role": "sync"},
-        )
-        assert isinstance(sender, Container)  # detached: the container, not its output
-        return sender
-    except DockerException as e:
-        raise DockerError.wrap(source.name, "the model sender failed", e) from None
 
 
 def _receiver(
@@ -107,67 +75,13 @@ def _receiver(
 ) -> Callable[[], None]:
     def run() -> None:
         outcome = outcomes[node.name]
-        docker = fleet.docker[node.name]
 
         def report(line: str) -> None:
             fleet.report(f"sync-model: {node.name}: {line}")
 
         try:
-            _receive(docker, fleet.wrapper, path, listen, listing, total, outcome, report)
+            copies.receive(fleet, node, path, listen, listing, total, outcome, report)
         except DockerException as e:
             outcome.error = reason(e)
 
     return run
-
-
-def _receive(
-    docker: DockerClient,
-    image: str,
-    path: str,
-    listen: str,
-    listing: Path,
-    total: int,
-    outcome: Outcome,
-    report: Report,
-) -> None:
-    """A receiver container on the node, the manifest copied into it, its progress followed."""
-    receiver = docker.container.create(
-        image,
-        probes.receive(path, listen, MANIFEST)[1:],
-        entrypoint=probes.HEALTH,
-        networks=["host"],
-        volumes=[(path, path)],
-    )
-    try:
-        docker.copy(listing, (receiver, MANIFEST))
-        docker.container.start(receiver)
-        last = 0.0
-        for chunk in docker.container.logs(receiver, follow=True, stream=True):
-            raw = chunk[1]  # streamed: (source, bytes) pairs
-            assert isinstance(raw, bytes)
-            for line in raw.decode(errors="replace").splitlines():
-                event = _event(line)
-                if event.get("done"):
-                    outcome.moved, outcome.kept = event["moved"], event["kept"]
-                elif "moved" in event and time.monotonic() - last > 2:
-                    report(f"{units.size(event['moved'])} of up to {units.size(total)}")
-                    last = time.monotonic()
-        if docker.container.wait(receiver) != 0:
-            outcome.error = _last_error(str(docker.container.logs(receiver)))
-    finally:
-        with contextlib.suppress(DockerException):
-            docker.container.remove(receiver, force=True)
-
-
-def _event(line: str) -> dict[str, Any]:
-    try:
-        found = json.loads(line)
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _last_error(log: str) -> str:
-    """The receiver's own last word (it prints `vllm-compose-health: ...` on stderr)."""
-    said = [line for line in log.splitlines() if line.startswith(f"{probes.HEALTH}: ")]
-    return said[-1] if said else "the receiver failed"

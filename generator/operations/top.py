@@ -12,7 +12,7 @@ from generator.base.containers import described, service_of
 from generator.base.errors import reason
 from generator.base.fanout import each
 from generator.config import Node
-from generator.nodes import hardware, served
+from generator.nodes import engines, hardware, served
 from generator.nodes.fleet import Fleet
 from generator.nodes.hardware import Hardware
 from generator.operations import observe
@@ -77,7 +77,7 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
             row.services[service_of(c)] = described(c.state)
         running = [c for c in containers if c.state.running]
         if running:
-            stats = fleet.docker[node.name].container.stats(running)
+            stats = engines.stats(fleet, node, running)
             row.cpu_percent = round(sum(s.cpu_percentage or 0.0 for s in stats), 1)
             row.memory_bytes = sum(s.memory_used or 0 for s in stats)
         if fleet.cluster.accelerator == "nvidia" and running:
