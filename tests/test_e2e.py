@@ -220,9 +220,10 @@ def check_against(path: Path, tmp: Path) -> None:
 
 def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:
     """`up --watch` on the serving group (up changes nothing), watch at its defaults, then the
-    worker's `service` container killed under load: watch names it from the engine's events,
-    recreates the whole group at once (every node's container of that service is new) and a chat
-    completion comes back; Ctrl-C then stops watching (exit 130) and leaves the group as it is."""
+    worker's `service` container killed under load: watch names it from the engine's events and
+    starts that container again at once; the group's supervisors re-form the whole group around
+    it (the head's vLLM starts again too) in the same containers, and a chat completion comes
+    back; Ctrl-C then stops watching (exit 130) and leaves the group as it is."""
     head, worker = bed.nodes[:2]
     watcher = clusters.Background("up", path, "--watch", cwd=path.parent)
     try:
@@ -235,13 +236,16 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
             # The kill's event, then its die's (one line, or two when the die comes later).
             watcher.wait_for(f"spark2: {service} sent signal 9 through its engine", 60)
             assert "check failed" not in watcher.output  # no check had to notice it first
-            watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
-            watcher.wait_for("watch: recovery 1 done: serving again", 900)
+            watcher.wait_for(f"watch: recovery 1/5 now: starting spark2's {service} again", 60)
+            healed = "watch: healed by watch (started again) and the supervisors in"
+            watcher.wait_for(healed, 900)
             back = time.monotonic()
             watcher.wait_for("watch: ok", 120)
             answered_again(load, back)
         after = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
-        assert set(after.values()).isdisjoint(before.values())  # the whole group, not one rank
+        assert after == before  # started again, not made anew
+        serve = str(head.docker.container.logs(clusters.containers(head, project)["serve"]))
+        assert f"the group broke: {worker.ip}:" in serve, serve[-2000:]  # the whole group
         answer = chat(worker, clusters.api_key(path))
         assert answer["choices"][0]["message"]["content"]
     finally:

@@ -183,17 +183,18 @@ def test_a_controller_that_loses_its_path_to_a_node_recreates_nothing(stack: Pai
     assert after == before
 
 
-def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_recovers_at_once(
+def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_starts_it_again(
     stack: Pair,
 ) -> None:
     """The worker's Ray container killed through its engine: watch, run as the README says (no
     options), names the node and the cause from the engine's events, not at its next check
-    (30 s away), and recreates the group without a back-off; Docker would not start a container
-    killed so."""
+    (30 s away), and starts that container again at once (Docker would not start a container
+    killed so); the group's supervisors re-form the group around it, in the same containers."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "killed", [head, worker])
     assert cli("up", config, cwd=tmp).returncode == 0
+    before = {n.name: {s: c.id for s, c in containers(n, "killed").items()} for n in (head, worker)}
     watcher = Background("watch", config, cwd=tmp)
     try:
         watcher.wait_for("watch: ok", 120)
@@ -202,12 +203,17 @@ def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_recov
         # The kill's event (its die's in the same line, or the next when it comes later).
         watcher.wait_for("spark2: ray sent signal 9 through its engine", 60)
         assert "check failed" not in watcher.output  # no check had to notice it first
-        watcher.wait_for("watch: recovery 1/5 now: recreating the whole group", 60)
-        watcher.wait_for("watch: recovery 1 done: serving again", 300)
+        watcher.wait_for("watch: recovery 1/5 now: starting spark2's ray again", 60)
+        watcher.wait_for("watch: healed by watch (started again) and the supervisors in", 300)
         watcher.wait_for("watch: ok", 120)
     finally:
         code = watcher.interrupt()
     assert code == 130, watcher.output
+    assert "recreat" not in watcher.output
+    after = {n.name: {s: c.id for s, c in containers(n, "killed").items()} for n in (head, worker)}
+    assert after == before  # started again, not made anew
+    said = str(head.docker.container.logs(containers(head, "killed")["serve"]))
+    assert f"the group broke: {worker.ip}:" in said, said[-2000:]  # re-formed by the supervisors
 
 
 def test_a_crash_docker_restarts_is_left_to_heal_and_watch_says_who_healed_it(

@@ -140,13 +140,15 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
         health = seen[name]["health"]
         assert health == "running" or health.endswith("serve running, starting"), health
 
-    # `watch` of small recreates small alone when its Ray dies: big's containers stay as they were.
+    # `watch` of small starts small's Ray again when it is killed, and small's supervisors re-form
+    # it: big's containers stay as they were.
     untouched = ids([one, two], "big")
     watcher = Background("watch", small, "--interval", "2", "--backoff", "1", cwd=tmp)
     try:
         watcher.wait_for("watch: ok", 120)
         two.docker.container.kill(clusters.containers(two, "small")["ray"])
-        watcher.wait_for("watch: recovery 1 done: serving again", 600)
+        watcher.wait_for("watch: recovery 1/5 now: starting spark2's ray again", 60)
+        watcher.wait_for("watch: healed by watch (started again) and the supervisors in", 600)
     finally:
         watcher.interrupt()
     assert ids([one, two], "big") == untouched

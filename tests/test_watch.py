@@ -55,6 +55,9 @@ class FakeGroup:
     def quiet(self) -> None:
         self.calls.append("quiet")
 
+    def start_again(self, services: dict[str, list[str]]) -> None:
+        self.calls.append(f"start_again {services}")
+
     def recreate(self) -> None:
         self.calls.append("recreate")
         if self.recreate_fails:
@@ -216,17 +219,51 @@ def test_docker_mends_an_exit_and_a_lost_engine_but_not_a_kill_a_removal_or_bad_
     assert not events.heals([])
 
 
-def test_a_container_killed_through_its_engine_is_named_at_once_and_recovered_at_once() -> None:
+def test_a_container_killed_through_its_engine_is_named_and_started_again_at_once() -> None:
+    """Only the killed container is started again (no teardown, no `up`); the supervisors then
+    re-form the group around it, and watch waits for that as for any mend."""
     group = FakeGroup([[], BAD, []], signs=[signs_of(*KILLED)])
     clock, lines, _ = run(group, POLICY)
     assert lines[1] == (
         "watch: spark2: ray sent signal 9 through its engine (docker kill or stop);"
         " spark2: ray exited (exit 137)"
     )
-    assert group.calls == ["check", "check", "recreate", "quiet", "check"]
-    assert clock.sleeps == [1, 5]  # named 1 s into the pause; recovered with no other wait
-    assert "watch: confirmed: spark2: serve exited (exit 137)" in lines
-    assert any(line.startswith("watch: recovery 1/3 now:") for line in lines)
+    assert group.calls == ["check", "check", "start_again {'spark2': ['ray']}", "check", "quiet"]
+    assert clock.sleeps == [1, 2]  # named 1 s into the pause; started again with no other wait
+    assert lines[2:] == [
+        "watch: confirmed: spark2: serve exited (exit 137)",
+        "watch: recovery 1/3 now: starting spark2's ray again; the group's supervisors re-form"
+        " the group",
+        "watch: healed by watch (started again) and the supervisors in 2 s",
+    ]
+
+
+def test_a_start_again_that_does_not_heal_in_time_is_followed_by_a_recreate() -> None:
+    quick = Policy(interval=5, failures=2, max_recoveries=3, backoff=10, heal=4)
+    group = FakeGroup([[], BAD, BAD, BAD, []], signs=[signs_of(*KILLED)])
+    _, lines, _ = run(group, quick)
+    assert group.calls[2:6] == ["start_again {'spark2': ['ray']}", "check", "check", "recreate"]
+    assert "watch: not healed in 4 s; recreating the group" in lines
+    assert any(line.startswith("watch: recovery 2/3 in 10 s: recreating") for line in lines)
+
+
+def test_a_second_kill_in_a_row_gets_the_whole_group_after_its_back_off() -> None:
+    group = FakeGroup([[], BAD, [], [], BAD], signs=[signs_of(*KILLED), signs_of(*KILLED)])
+    _, lines, _ = run(group, POLICY)
+    assert group.calls.count("start_again {'spark2': ['ray']}") == 1
+    assert group.calls.count("recreate") == 1
+    assert any(line.startswith("watch: recovery 2/3 in 10 s: recreating") for line in lines)
+
+
+def test_only_containers_killed_stopped_or_removed_through_their_engine_are_started_again() -> None:
+    assert events.started_again(signs_of(*KILLED)) == {"spark2": ["ray"]}
+    assert events.started_again(signs_of(4)) == {"spark2": [signs_of(4)[0].service]}  # removed
+    assert events.started_again([Sign("spark2", "serve", "die", "x", 0, manual=True)]) == {
+        "spark2": ["serve"]
+    }
+    assert events.started_again(signs_of(*EXITED)) == {}  # Docker's to start again
+    assert events.started_again([*signs_of(*KILLED), Sign("spark1", "", "gone")]) == {}
+    assert events.started_again([Sign("spark2", "serve", "health_status: unhealthy", "x")]) == {}
 
 
 def test_an_exit_that_docker_and_the_supervisors_mend_is_waited_for_not_raced() -> None:

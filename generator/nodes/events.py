@@ -127,6 +127,25 @@ def heals(signs: list[Sign]) -> bool:
     )
 
 
+def started_again(signs: list[Sign]) -> dict[str, list[str]]:
+    """node -> the services to start again as they were, where every container these signs
+    broke was killed, stopped or removed through its engine (the engine is there: Compose starts
+    it again, or creates it anew); {} where any is something else (an exit, an OOM kill, an
+    unhealthy container, an engine gone), which this does not mend."""
+    broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
+    manual = {s.container for s in signs if s.action in MANUAL}
+    if not broken or not all(
+        s.action in MANUAL or (s.action == "die" and (s.manual or s.container in manual))
+        for s in broken
+    ):
+        return {}
+    found: dict[str, list[str]] = {}
+    for s in broken:
+        if s.service not in found.setdefault(s.node, []):
+            found[s.node].append(s.service)
+    return found
+
+
 class Follower:
     """The signs of every node of a fleet's cluster, merged; a context manager."""
 

@@ -250,6 +250,13 @@ class Deployment:
         evidence.write_bundle(self.fleet, self.logs, "giving up")
         return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
 
+    def start_again(self, services: dict[str, list[str]]) -> None:
+        """Each named node's services started again as they were (Compose creates a removed
+        one anew): what watch does for containers killed, stopped or removed through their
+        engine; the group's supervisors re-form the group around them."""
+        nodes = {n.name: n for n in self.fleet.cluster.nodes}
+        self._started("start again", {nodes[name]: names for name, names in services.items()})
+
     def recreate(self) -> Result:
         """The whole group again: its logs saved, serve, then the workers, then the head down
         (named volumes kept: the head's /tmp holds Ray's session logs of each try, and every

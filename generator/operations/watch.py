@@ -34,7 +34,7 @@ from typing import NoReturn, Protocol
 
 from generator.base.errors import VllmComposeError, WatchGaveUp
 from generator.base.fanout import Report
-from generator.nodes.events import Sign, heals
+from generator.nodes.events import Sign, heals, started_again
 from generator.nodes.hardware import Reading
 
 
@@ -43,6 +43,7 @@ class Group(Protocol):
     def heat(self) -> dict[str, Reading]: ...
     def signs(self, timeout: float) -> list[Sign]: ...
     def quiet(self) -> None: ...
+    def start_again(self, services: dict[str, list[str]]) -> None: ...
     def recreate(self) -> object: ...
     def down(self) -> dict[str, str]: ...
 
@@ -119,22 +120,58 @@ def _signed(
         how = "Docker starts it again and the" if docker else "the"
         report(f"watch: {how} group's supervisors re-form the group; waiting up to"
                f" {policy.heal:g} s")  # fmt: skip
-        start = clock()
-        while clock() - start < policy.heal:
-            sleep(HEAL_POLL)
-            if not group.problems(policy.deadline):
-                report(f"watch: healed by {who} in {clock() - start:.0f} s")
-                group.quiet()
-                return
-        report(f"watch: not healed in {policy.heal:g} s; recreating the group")
+        if _healed(group, policy, report, time_, who):
+            return
     problems = group.problems(policy.deadline)
     if not problems:
         report("watch: the group serves; nothing to do")
         return
     state.failed = policy.failures
     report(f"watch: confirmed: {'; '.join(problems)}{_heat_named(state.heat, problems)}")
-    if _recovered(group, state, problems[0], policy, report, sleep):
+    services = started_again(signs)
+    restarted = bool(services) and _restarted(group, state, services, policy, report, time_)
+    if restarted or _recovered(group, state, problems[0], policy, report, sleep):
         state.failed, state.recovered_at = 0, clock()
+
+
+def _healed(group: Group, policy: Policy, report: Report, time_: Time, who: str) -> bool:
+    """Wait up to `heal` seconds, looking every HEAL_POLL s, for the group to serve again."""
+    clock, sleep = time_
+    start = clock()
+    while clock() - start < policy.heal:
+        sleep(HEAL_POLL)
+        if not group.problems(policy.deadline):
+            report(f"watch: healed by {who} in {clock() - start:.0f} s")
+            group.quiet()
+            return True
+    report(f"watch: not healed in {policy.heal:g} s; recreating the group")
+    return False
+
+
+def _restarted(
+    group: Group,
+    state: _State,
+    services: dict[str, list[str]],
+    policy: Policy,
+    report: Report,
+    time_: Time,
+) -> bool:
+    """The first recovery in a row from containers killed, stopped or removed through their
+    engine: only those started again, as they were; the group's supervisors then re-form the
+    group around them (a start of vLLM, no teardown and no `up`). False when it is not the first
+    (the whole group then, after its back-off) or did not heal in time."""
+    if state.recoveries:
+        return False
+    state.recoveries += 1
+    named = "; ".join(f"{node}'s {', '.join(names)}" for node, names in services.items())
+    report(f"watch: recovery {state.recoveries}/{policy.max_recoveries} now: starting {named}"
+           " again; the group's supervisors re-form the group")  # fmt: skip
+    try:
+        group.start_again(services)
+    except VllmComposeError as e:
+        report(f"watch: recovery {state.recoveries}: not started again: {e.message}")
+        return False
+    return _healed(group, policy, report, time_, "watch (started again) and the supervisors")
 
 
 def _healthy(state: _State, policy: Policy, report: Report, clock: Callable[[], float]) -> None:
