@@ -129,16 +129,19 @@ class Watched:
         if not now and time.monotonic() < join.deadline:
             return False
         fleet, c = self.fleet, self.fleet.cluster
+        missing: list[Node] = []
         try:
-            fleet.execute(self.node, "ray", probes.ray(fleet.gcs, [str(n.ip) for n in c.nodes]))
-            join.done = True
-        except DockerException as e:
+            alive = json.loads(fleet.execute(self.node, "ray", probes.nodes(fleet.gcs)))
+            missing = [n for n in c.nodes if str(n.ip) not in alive]
+            seen = ", ".join(sorted(alive)) or "none"
+            said = f"Ray nodes missing: {', '.join(str(n.ip) for n in missing)} (alive: {seen})"
+        except (DockerException, ValueError) as e:
             said = reason(e).removeprefix(f"{probes.HEALTH}: ")
-            if time.monotonic() >= join.deadline:
-                missing = said.partition("missing: ")[2].partition(" (")[0].split(", ")
-                node = next((n for n in c.nodes if str(n.ip) in missing), self.node)
-                message = f"not in Ray {join.seconds:g} s after the start: {said}"
-                raise failure(fleet, node, "ray-join", message) from None
+            missing = [self.node]
+        join.done = not missing
+        if missing and time.monotonic() >= join.deadline:
+            message = f"not in Ray {join.seconds:g} s after the start: {said}"
+            raise failure(fleet, missing[0], "ray-join", message)
         return join.done
 
     def read(self, line: str | None) -> None:
