@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_docker.plugin import Services
 from python_on_whales import DockerClient
 
 from generator import cli as commands
@@ -379,13 +380,15 @@ def test_a_broken_config_is_refused_naming_the_field_and_nothing_changes(
     assert tree(tmp_path) == before
 
 
-@pytest.mark.engine
-def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) -> None:
-    """Through the rendered stack and Compose to a running container: argv and environment hold
-    each string as written; nothing was interpolated, executed or injected."""
+@pytest.fixture(scope="module")
+def probe_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A config whose vLLM args and environment hold the hostile values, for an image whose
+    `vllm` prints what it was given, rendered and its key written onto this engine: a node's
+    folder as a user of the plain compose files has it."""
     docker = DockerClient()
     base = images.debian_base(docker)
     probe = "vllm-compose-test/argv-probe:1"
+    tmp_path = tmp_path_factory.mktemp("probe")
     context = tmp_path / "probe"
     context.mkdir()
     (context / "vllm").write_text(
@@ -409,24 +412,44 @@ def test_values_that_look_dangerous_reach_the_container_exactly(tmp_path: Path) 
     )
     rendered = cli("render", config, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
-    # Started by hand, as a user of the plain compose files does: the key first.
-    pushed = cli("secrets", config, cwd=tmp_path)
+    pushed = cli("secrets", config, cwd=tmp_path)  # by hand, the key goes first
     assert pushed.returncode == 0, pushed.stderr
-    stack = DockerClient(
-        compose_files=[tmp_path / "compose/probe/local/compose.yaml"], compose_project_name="probe"
-    )
-    try:
-        stack.compose.up(["serve"], detach=True, quiet=True, pull="never")
-        printed: list[str] = []
-        deadline = time.monotonic() + 60
-        while not printed and time.monotonic() < deadline:  # the supervisor starts it again
-            log = str(stack.compose.logs(["serve"], no_log_prefix=True))
-            printed = [line for line in log.splitlines() if line.startswith("{")]
-            time.sleep(0.5)
-    finally:
-        stack.compose.down(volumes=True, quiet=True)
-        shutil.rmtree("/var/lib/vllm-compose/probe", ignore_errors=True)
-    assert printed, log
+    yield tmp_path / "compose/probe/local"
+    shutil.rmtree("/var/lib/vllm-compose/probe", ignore_errors=True)
+
+
+# pytest-docker brings the probe's stack up (`docker compose up`, as by hand) for this module
+# (pyproject: --container-scope=module) and down with its volumes after it.
+@pytest.fixture(scope="module")
+def docker_compose_file(probe_folder: Path) -> str:
+    return str(probe_folder / "compose.yaml")
+
+
+@pytest.fixture(scope="module")
+def docker_compose_project_name() -> str:
+    return "probe"
+
+
+@pytest.fixture(scope="module")
+def docker_setup() -> list[str]:
+    return ["up --detach --pull never serve"]  # not --wait: the probe never turns healthy
+
+
+@pytest.mark.engine
+def test_values_that_look_dangerous_reach_the_container_exactly(
+    docker_services: Services, docker_compose_file: str
+) -> None:
+    """Through the rendered stack and Compose to a running container: argv and environment hold
+    each string as written; nothing was interpolated, executed or injected."""
+    stack = DockerClient(compose_files=[docker_compose_file], compose_project_name="probe")
+    printed: list[str] = []
+
+    def printed_json() -> bool:  # the probe prints and exits; its supervisor starts it again
+        log = str(stack.compose.logs(["serve"], no_log_prefix=True))
+        printed[:] = [line for line in log.splitlines() if line.startswith("{")]
+        return bool(printed)
+
+    docker_services.wait_until_responsive(check=printed_json, timeout=60, pause=0.5)
     seen = json.loads(printed[0])
     assert seen["argv"][-len(HOSTILE) :] == HOSTILE
     assert [seen["env"][f"V{i}"] for i in range(len(HOSTILE))] == HOSTILE

@@ -9,6 +9,10 @@ what they would see on a real node.
 Only the project's own addresses are used: the test subnet lives on a bridge of this machine and the
 harness refuses to run unless the kernel routes it there. It ends only processes it started (by the
 pid files it wrote).
+
+Not pytest-docker here: its `docker_services` drives one Compose project on one engine, and a
+cluster's stacks span several engines over their contexts (tests/test_corpus.py uses it for a
+stack on one engine).
 """
 
 from __future__ import annotations
