@@ -87,13 +87,20 @@ def relock(
     found: secrets.Local,
 ) -> lock.Lock:
     """Resolve the config (as loaded, without its lock) on its head now and write the lock."""
-    placed, _ = place(cluster, report)
+    return _relocked(path, cluster, outdir, report, found)[0]
+
+
+def _relocked(
+    path: Path, cluster: config.Cluster, outdir: Path | None, report: Report, found: secrets.Local
+) -> tuple[lock.Lock, survey.Seen | None]:
+    """relock, and the look at the nodes placing the cluster took (for what opens it next)."""
+    placed, seen = place(cluster, report)
     rendered = plan(path, placed, outdir, found)
     output.apply(rendered.changes)
     fleet = Fleet(placed, rendered.folder, report, found.files, path.name)
     resolved = lock.resolve(fleet, cluster.config_hash(), slots.given(cluster))
     lock.write(path, resolved)
-    return resolved
+    return resolved, seen
 
 
 def place(cluster: config.Cluster, report: Report) -> tuple[config.Cluster, survey.Seen | None]:
@@ -116,6 +123,36 @@ def _secrets(path: Path, cluster: config.Cluster, outdir: Path | None) -> secret
     return secrets.local(path, cluster)
 
 
+@dataclass(frozen=True)
+class _How:
+    update_lock: bool
+    strict: bool
+    entry: history.Entry | None
+
+
+def _locked_and_placed(
+    path: Path,
+    cluster: config.Cluster,
+    outdir: Path | None,
+    report: Report,
+    found: secrets.Local | None,
+    how: _How,
+) -> tuple[config.Cluster, lock.Lock | None, survey.Seen | None]:
+    """The cluster pinned to the lock it opens with, at its API port, once: the lock resolved
+    now and written (`update_lock`, placing the cluster on the way), the served stack's
+    (`entry`), else the file's (drift refused when `strict`); and the look placing it took."""
+    locked: lock.Lock | None
+    seen: survey.Seen | None = None
+    if how.update_lock and found:
+        locked, seen = _relocked(path, cluster, outdir, report, found)
+    else:
+        locked = how.entry.locked if how.entry else pinned(path, cluster, how.strict)[1]
+    cluster = lock.pinned(cluster, locked) if locked else cluster
+    if seen is None:  # a relock placed it, and its lock holds the port
+        cluster, seen = place(cluster, report)
+    return cluster, locked, seen
+
+
 @contextlib.contextmanager
 def opened(
     path: Path,
@@ -136,14 +173,8 @@ def opened(
     text = entry.config_text if entry else config.read(path)
     cluster = config.parse(text, str(path))
     found = _secrets(path, cluster, outdir) if with_secrets else None
-    if update_lock and found:
-        relock(path, cluster, outdir, report, found)
-    if entry:
-        locked = entry.locked
-        cluster = lock.pinned(cluster, locked) if locked else cluster
-    else:
-        cluster, locked = pinned(path, cluster, strict)
-    cluster, seen = place(cluster, report)
+    how = _How(update_lock, strict, entry)
+    cluster, locked, seen = _locked_and_placed(path, cluster, outdir, report, found, how)
     with contextlib.ExitStack() as stack:
         folder = outdir
         if not with_secrets:
@@ -151,9 +182,14 @@ def opened(
         rendered = plan(path, cluster, folder, found)
         output.apply(rendered.changes)
         fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
-        logs, stamped = sidefiles.Beside(path).logs, stamps.read(path, cluster.model.path)
-        waits = timeouts or Timeouts()
         deployment = Deployment(
-            fleet, locked, lock.path_for(path), update_lock, logs, stamped, waits, seen
+            fleet,
+            locked=locked,
+            lock_file=lock.path_for(path),
+            accept_drift=update_lock,  # just re-locked
+            logs=sidefiles.Beside(path).logs,
+            stamped=stamps.read(path, cluster.model.path),
+            timeouts=timeouts or Timeouts(),
+            seen=seen,
         )
         yield Opened(cluster, locked, found, rendered, deployment, text)
