@@ -6,12 +6,14 @@ turns unhealthy, a peer that stops answering (a cut link) and a group that broke
 failing the head's canary) are named at once. Where Docker brings it back by itself (an exit or
 OOM kill under the stacks' restart policy) and the group's supervisors re-form the group, or the
 supervisors alone do, watch waits up to `heal` seconds and says so, rather than racing them with
-a recreate; where nothing else will act (killed or stopped through its engine,
-removed, an engine gone), it confirms with a check and recovers at once.
+a recreate; where nothing else will act (killed or stopped through its engine, removed,
+unhealthy), it confirms with a check and acts at once: a container killed, stopped or removed is
+started again as it was (the first recovery in a row) and the supervisors re-form the group
+around it; anything else, or a start that does not heal in time, recreates the group.
 
 Every `interval` seconds the group is also checked (Deployment.problems: every service running on
 every node, every node alive in Ray, a real completion back within `deadline`): the fallback for
-what sends no event (a hung rank, a cut link). After `failures` failed checks in a row the whole
+what neither an event nor a supervisor names. After `failures` failed checks in a row the whole
 group is recreated in order. The first recovery starts at once; one that follows it without
 `stable` seconds of health waits a back-off that doubles from `backoff` up to `backoff_max`.
 Docker's restart policies act per container and only on exit: a dead worker leaves the head up
