@@ -375,3 +375,17 @@ def test_a_break_the_supervisors_mend_is_waited_for_and_named_as_theirs() -> Non
     assert "recreate" not in group.calls
     assert lines[2] == "watch: the group's supervisors re-form the group; waiting up to 120 s"
     assert "watch: healed by the supervisors in 4 s" in lines
+
+
+def test_a_break_the_supervisors_say_after_a_failed_check_is_waited_for_not_raced() -> None:
+    """A hung rank: watch's check fails first (its canary timed out), then the head's canary
+    breaks the group and its supervisor says so: watch waits for the supervisors to re-form the
+    group instead of recreating it at its second failed check."""
+    broke = events.supervisor("spark1", "serve", BROKE)
+    assert broke is not None
+    group = FakeGroup([[], BAD, BAD, BAD, []], signs=[[], [broke]])
+    _, lines, _ = run(group, POLICY)
+    assert "recreate" not in group.calls
+    assert lines[1].startswith("watch: check failed (1/2)")
+    assert lines[2].startswith("watch: spark1: serve its supervisor: the group broke")
+    assert "watch: healed by the supervisors in 6 s" in lines

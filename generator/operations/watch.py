@@ -95,8 +95,8 @@ def watch(
         state.failed += 1
         said = "; ".join(problems) + _heat_named(state.heat, problems)
         report(f"watch: check failed ({state.failed}/{policy.failures}): {said}")
-        if state.failed < policy.failures:
-            group.signs(policy.interval)  # a sign now only brings the next check forward
+        if state.failed < policy.failures:  # a sign meanwhile is named and acted on at once
+            _signed(group, state, group.signs(policy.interval), policy, report, (clock, sleep))
         elif _recovered(group, state, problems[0], policy, report, sleep):
             state.failed, state.recovered_at = 0, clock()
             group.signs(policy.interval)
