@@ -57,6 +57,8 @@ class FakeGroup:
 
     def start_again(self, services: dict[str, list[str]]) -> None:
         self.calls.append(f"start_again {services}")
+        if self.recreate_fails:  # an engine that went away fails both
+            raise PhaseError("spark2", "contexts", "context 'spark2' does not answer")
 
     def recreate(self) -> None:
         self.calls.append("recreate")
@@ -389,3 +391,12 @@ def test_a_break_the_supervisors_say_after_a_failed_check_is_waited_for_not_race
     assert lines[1].startswith("watch: check failed (1/2)")
     assert lines[2].startswith("watch: spark1: serve its supervisor: the group broke")
     assert "watch: healed by the supervisors in 6 s" in lines
+
+
+def test_a_start_again_that_fails_counts_as_a_recovery_and_the_group_is_recreated_next() -> None:
+    group = FakeGroup([[], BAD, BAD, []], signs=[signs_of(*KILLED)], recreate_fails=1)
+    _, lines, _ = run(group, POLICY)
+    assert group.calls[2:4] == ["start_again {'spark2': ['ray']}", "recreate"]
+    failed = [line for line in lines if line.startswith("watch: recovery 1 failed: ")]
+    assert len(failed) == 1 and "does not answer" in failed[0], lines
+    assert any(line.startswith("watch: recovery 2/3 in 10 s: recreating") for line in lines)

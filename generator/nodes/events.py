@@ -261,8 +261,10 @@ class Follower:
         with self.lock:
             self.tails = {c: p for c, p in self.tails.items() if p.poll() is None}
             running = self.tails.get(container)
-            if self.closed.is_set() or running is not None:
+            if self.closed.is_set() or (running is not None and since is None):
                 return
+            if running is not None:  # started again before its old follower saw it stop
+                running.terminate()
             process = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
             )

@@ -255,6 +255,7 @@ class Deployment:
         one anew): what watch does for containers killed, stopped or removed through their
         engine; the group's supervisors re-form the group around them."""
         nodes = {n.name: n for n in self.fleet.cluster.nodes}
+        self.fleet.contexts_answer()  # an engine that went away is named as such
         self._started("start again", {nodes[name]: names for name, names in services.items()})
 
     def recreate(self) -> Result:

@@ -171,7 +171,7 @@ def _restarted(
     try:
         group.start_again(services)
     except VllmComposeError as e:
-        report(f"watch: recovery {state.recoveries}: not started again: {e.message}")
+        report(f"watch: recovery {state.recoveries} failed: {e.message}")
         return False
     return _healed(group, policy, report, time_, "watch (started again) and the supervisors")
 
