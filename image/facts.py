@@ -65,7 +65,8 @@ def reach(ip: str, port: int, peers: list[str], seconds: float) -> dict[str, Any
     except OSError as e:
         if e.errno == errno.EADDRNOTAVAIL:
             _each(_announce, [(ip, (p, port), time.monotonic() + seconds) for p in peers])
-        return {"listen": f"cannot listen on {ip}:{port}: {e}"}
+        busy = e.errno == errno.EADDRINUSE  # something else holds the port: another may do
+        return {"listen": f"cannot listen on {ip}:{port}: {e}", "busy": busy}
     server.listen(16)
     server.settimeout(0.2)
     heard: set[str] = set()

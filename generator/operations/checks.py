@@ -32,6 +32,7 @@ class Reach(BaseModel):
     to: dict[str, str] = {}  # peer IP -> "ok" or the error
     heard_from: list[str] = []
     listen: str | None = None  # set when the node could not listen at all
+    busy: bool = False  # ... because something else holds the port
 
 
 class Facts(BaseModel):

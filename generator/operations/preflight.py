@@ -133,7 +133,7 @@ def gather(fleet: Fleet, live: list[Node]) -> tuple[list[Check], dict[str, Facts
     for attempt in range(PORT_TRIES):
         port = random.choice([p for p in range(*REACH_PORTS) if p not in taken])
         failures, gathered = _gather(fleet, live, port)
-        busy = [n for n, f in gathered.items() if "in use" in (f.reach.listen or "")]
+        busy = [n for n, f in gathered.items() if f.reach.busy]
         if not busy or attempt == PORT_TRIES - 1:
             break
         fleet.report(f"preflight: port {port} is in use on {', '.join(busy)}; trying another")
