@@ -10,7 +10,6 @@ import time
 from typing import Annotated
 
 import typer
-from python_on_whales import DockerException
 from rich.live import Live
 from rich.table import Table
 
@@ -213,16 +212,7 @@ def diagnose(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     opened = open_config(path, outdir)
     fleet = opened.fleet
     fleet.secret_files = secrets.local(path, opened.cluster, generate=False).files
-    extra: dict[str, object] = {}
-    try:
-        failed, gathered = preflight_checks.gather(fleet, opened.cluster.nodes)
-        facts = {node: f.model_dump(mode="json") for node, f in gathered.items()}
-        extra["preflight"] = {"failed": [c.line() for c in failed], "facts": facts}
-    except (VllmComposeError, DockerException) as e:
-        extra["preflight"] = f"not gathered: {e}"
-    if opened.cluster.backend == "ray":
-        extra["ray_nodes"] = fleet.ray_nodes()
-    out.print(str(evidence.write_bundle(fleet, opened.deployment.logs, "diagnose", extra)))
+    out.print(str(evidence.diagnose(fleet, opened.deployment.logs)))
 
 
 @app.command()

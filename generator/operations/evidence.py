@@ -19,14 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import Container
+from python_on_whales import Container, DockerException
 
 from generator.base import nccl, sidefiles
 from generator.base.containers import health_of, service_of
-from generator.base.errors import UnsafePath, reason
+from generator.base.errors import UnsafePath, VllmComposeError, reason
 from generator.base.fanout import each
 from generator.config import Node
 from generator.nodes.fleet import Fleet
+from generator.operations import preflight
 from generator.stack.output import write_atomic
 
 LINES = 20000  # per node: the last lines of every service, enough for a vLLM start and its end
@@ -153,3 +154,18 @@ def _archive(folder: Path) -> Path:
         tar.add(folder, arcname=folder.name)
     partial.replace(archive)
     return archive
+
+
+def diagnose(fleet: Fleet, folder: Path) -> Path:
+    """`diagnose`: the bundle, with every node's preflight facts and Ray's nodes beside the logs
+    (what could not be gathered is said in their place)."""
+    extra: dict[str, object] = {}
+    try:
+        failed, gathered = preflight.gather(fleet, fleet.cluster.nodes)
+        facts = {node: f.model_dump(mode="json") for node, f in gathered.items()}
+        extra["preflight"] = {"failed": [c.line() for c in failed], "facts": facts}
+    except (VllmComposeError, DockerException) as e:
+        extra["preflight"] = f"not gathered: {e}"
+    if fleet.cluster.backend == "ray":
+        extra["ray_nodes"] = fleet.ray_nodes()
+    return write_bundle(fleet, folder, "diagnose", extra)
