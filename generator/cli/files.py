@@ -56,13 +56,10 @@ def render_cmd(
     c = config.load(path)
     for warning in config.warnings(c):
         err.print(f"warning: {warning}")
-    cluster, _ = workflow.pinned(path, c, strict=True)
-    workflow.folder_for(cluster, outdir)  # refused before any secret is generated
-    found = secrets.local(path, cluster, generate=not dry_run)
+    cluster, found, plan = workflow.planned(path, c, outdir, generate=not dry_run)
     generated(found)
     for name, missing in found.missing.items():
         out.print(f"would generate {missing} ({name}, mode 0600)")
-    plan = workflow.plan(path, cluster, outdir, found)
     for change in plan.changes:
         out.print(change_line(change, dry_run))
         if dry_run and change.action != "identical":

@@ -65,6 +65,18 @@ def plan(
     return Plan(folder, output.plan(files, folder), output.stale(files, folder))
 
 
+def planned(
+    path: Path, loaded: config.Cluster, outdir: Path | None, generate: bool
+) -> tuple[config.Cluster, secrets.Local, Plan]:
+    """`render`'s work, nothing written but missing secret files (with `generate`): the cluster
+    pinned to its lock (drift refused), the output folder refused before any secret is
+    generated, the secret files, and the plan."""
+    cluster, _ = pinned(path, loaded, strict=True)
+    folder_for(cluster, outdir)
+    found = secrets.local(path, cluster, generate=generate)
+    return cluster, found, plan(path, cluster, outdir, found)
+
+
 def pinned(
     path: Path, cluster: config.Cluster, strict: bool
 ) -> tuple[config.Cluster, lock.Lock | None]:
