@@ -14,7 +14,7 @@ from typing import Any
 from python_on_whales import Container, DockerException
 
 from generator.base import probes, units
-from generator.base.errors import DockerError
+from generator.base.errors import DockerError, reason
 from generator.base.fanout import Report
 from generator.config import Node
 from generator.config.mounts import model_mount
@@ -56,17 +56,30 @@ def remove(fleet: Fleet, node: Node, container: Container) -> None:
 
 
 def receive(
+    fleet: Fleet, node: Node, listen: str, listing: Path, total: int, outcome: Outcome
+) -> None:
+    """A receiver container on `node` fetching the model from the sender on `listen`, the
+    manifest (`listing`) copied into it, its progress said; how it ended goes into `outcome`."""
+
+    def report(line: str) -> None:
+        fleet.report(f"sync-model: {node.name}: {line}")
+
+    try:
+        _receive(fleet, node, listen, listing, total, outcome, report)
+    except DockerException as e:
+        outcome.error = reason(e)
+
+
+def _receive(
     fleet: Fleet,
     node: Node,
-    path: str,
     listen: str,
     listing: Path,
     total: int,
     outcome: Outcome,
     report: Report,
 ) -> None:
-    """A receiver container on the node, the manifest copied into it, its progress followed."""
-    docker = fleet.docker[node.name]
+    path, docker = fleet.cluster.model.path, fleet.docker[node.name]
     receiver = docker.container.create(
         fleet.wrapper,
         probes.receive(path, listen, MANIFEST)[1:],

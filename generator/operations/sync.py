@@ -13,12 +13,10 @@ import json
 import random
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import DockerException
-
-from generator.base.errors import reason
 from generator.base.fanout import each
 from generator.config import Node
 from generator.nodes import copies
@@ -43,7 +41,6 @@ def sync_model(fleet: Fleet, source: Node, locked: Lock | None) -> dict[str, Out
 
 
 def sync(fleet: Fleet, source: Node, manifest: dict[str, Any]) -> dict[str, Outcome]:
-    path = fleet.cluster.model.path
     # Below the ephemeral ports, above every cluster's group port (generator/config/ports.py).
     listen = f"{source.ip}:{random.randint(29700, 29999)}"
     sender = copies.sender(fleet, source, listen)
@@ -54,34 +51,12 @@ def sync(fleet: Fleet, source: Node, manifest: dict[str, Any]) -> dict[str, Outc
             json.dump(manifest, listing)
             listing.flush()
             total = sum(f["size"] for f in manifest["files"].values())
-            work = {
-                n.name: _receiver(fleet, n, path, listen, Path(listing.name), total, outcomes)
+            listed = Path(listing.name)
+            work: dict[str, Callable[[], None]] = {
+                n.name: partial(copies.receive, fleet, n, listen, listed, total, outcomes[n.name])
                 for n in targets
             }
             each(work, float("inf"))
     finally:
         copies.remove(fleet, source, sender)
     return outcomes
-
-
-def _receiver(
-    fleet: Fleet,
-    node: Node,
-    path: str,
-    listen: str,
-    listing: Path,
-    total: int,
-    outcomes: dict[str, Outcome],
-) -> Callable[[], None]:
-    def run() -> None:
-        outcome = outcomes[node.name]
-
-        def report(line: str) -> None:
-            fleet.report(f"sync-model: {node.name}: {line}")
-
-        try:
-            copies.receive(fleet, node, path, listen, listing, total, outcome, report)
-        except DockerException as e:
-            outcome.error = reason(e)
-
-    return run
