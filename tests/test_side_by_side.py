@@ -147,7 +147,8 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     try:
         watcher.wait_for("watch: ok", 120)
         two.docker.container.kill(clusters.containers(two, "small")["ray"])
-        watcher.wait_for("watch: recovery 1/5 now: starting spark2's ray again", 60)
+        # Its serve shares the Ray container's process namespace and exits with it.
+        watcher.wait_for("watch: recovery 1/5 now: starting spark2's ray, serve again", 60)
         watcher.wait_for("watch: healed by watch (started again) and the supervisors in", 600)
     finally:
         watcher.interrupt()

@@ -264,6 +264,9 @@ def test_only_containers_killed_stopped_or_removed_through_their_engine_are_star
         "spark2": ["serve"]
     }
     assert events.started_again(signs_of(*EXITED)) == {}  # Docker's to start again
+    # A serve in the killed Ray container's process namespace exits with it: both start again.
+    with_serve = [*signs_of(*KILLED), Sign("spark2", "serve", "die", "y", 137)]
+    assert events.started_again(with_serve) == {"spark2": ["ray", "serve"]}
     assert events.started_again([*signs_of(*KILLED), Sign("spark1", "", "gone")]) == {}
     assert events.started_again([Sign("spark2", "serve", "health_status: unhealthy", "x")]) == {}
 

@@ -128,16 +128,15 @@ def heals(signs: list[Sign]) -> bool:
 
 
 def started_again(signs: list[Sign]) -> dict[str, list[str]]:
-    """node -> the services to start again as they were, where every container these signs
-    broke was killed, stopped or removed through its engine (the engine is there: Compose starts
-    it again, or creates it anew); {} where any is something else (an exit, an OOM kill, an
-    unhealthy container, an engine gone), which this does not mend."""
+    """node -> the services to start again as they were, where a container these signs broke was
+    killed, stopped or removed through its engine (the engine is there: Compose starts it again,
+    or creates it anew), with any that exited beside it (a serve in its Ray container's process
+    namespace dies with it); {} where none was (Docker starts what exited by itself) or where one
+    turned unhealthy or an engine went away, which this does not mend."""
     broken = [s for s in signs if s.action in BREAKING or s.action == "gone"]
     manual = {s.container for s in signs if s.action in MANUAL}
-    if not broken or not all(
-        s.action in MANUAL or (s.action == "die" and (s.manual or s.container in manual))
-        for s in broken
-    ):
+    through_engine = any(s.action in MANUAL or s.manual or s.container in manual for s in broken)
+    if not through_engine or any(s.action in ("health_status: unhealthy", "gone") for s in broken):
         return {}
     found: dict[str, list[str]] = {}
     for s in broken:
