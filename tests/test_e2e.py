@@ -425,7 +425,8 @@ def test_ray_tp2_serves_with_each_ranks_own_interface_and_ip_and_comes_back_afte
         assert sorted(summary["ray_nodes"]) == sorted([head.ip, worker.ip])
         assert sorted(summary["preflight"]["facts"]) == ["spark1", "spark2"]
         assert "RayWorkerProc" in bundle["spark1.log"] and "spark2.containers.json" in bundle
-        # The worker's Ray container killed under load: watch recreates the Ray group.
+        # The worker's Ray container killed under load: watch starts it again, the supervisors
+        # re-form the group.
         watched_recovery(bed, path, "viaray", "ray")
 
 
