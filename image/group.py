@@ -8,16 +8,16 @@ command under `supervise`, which keeps it in step with the group:
   the root it joined, on a small TCP listener (`listen`);
 - the root (the head's Ray, or the head's rank for the native backend) follows no one; every other
   member follows the root, and the head's serve also follows the members it drives (`members`);
-- before its command starts, a member waits for its root to answer (and for `wait_for`, a TCP port
-  such as the head's GCS) and for its members to have joined that root: after a reboot the group
-  forms again in order, with no command run;
+- before its command starts, a member waits for its root (and `wait_for`, a TCP port such as the
+  head's GCS) and for its members to have joined that root: after a reboot the group forms again
+  in order, with no command run;
 - while it runs, a root or member that restarted, or that did not answer for `grace` seconds,
   breaks the group: the command is stopped and started again behind the same waits;
 - a command that exits by itself is started again after a back-off that doubles from 5 s to 60 s
-  (reset after 5 minutes of running), said in one line that `up` reads as the start's failure;
-- the head's serve also runs a canary (a one-token completion, `canary`): once it has answered
-  after a start, failing for `canary.limit` seconds breaks the group. A hung rank emits no event
-  and exits nothing; this way the nodes re-form the group by themselves, with no controller.
+  (reset after 5 minutes of running), said in a line `up` reads as the start's failure; unless a
+  peer is gone (vLLM exits when a rank of its group dies): then at once, behind the same waits;
+- the head's serve also runs a canary (`canary`): once it has answered after a start, failing for
+  `canary.limit` seconds breaks the group, so the nodes re-form it after a hung rank by themselves.
 
 The container restarts only with its node (the Compose restart policy), so a serve that shares
 its Ray container's process namespace never loses it to a restart of Ray.
@@ -25,6 +25,7 @@ its Ray container's process namespace never loses it to a restart of Ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -42,9 +43,7 @@ POLL = 1.0  # seconds between looks at the root and members while the command ru
 FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
 CONNECT = 0.5  # seconds a look may take (the private link answers in well under a millisecond)
 STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is killed
-# The same when the group broke: a rank whose peer is gone often hangs in a collective and
-# ignores SIGTERM; the rest of the group waits for it to go.
-BREAK_GRACE = 5
+BREAK_GRACE = 5  # the same when the group broke: a rank hung in a collective ignores SIGTERM
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
 STEADY = 300  # seconds of running after which a command's exit counts as its first failure
 # The lines `up` reads (generator/base/probes.py has the same words): the command started, and the
@@ -156,10 +155,7 @@ def form(member: Member) -> dict[tuple[str, int], str]:
 def broken(member: Member, seen: dict[tuple[str, int], str], silent: dict[str, float]) -> str:
     """Why the group this start belongs to is gone ('' while it holds). `silent`: since when
     each peer has not answered."""
-    peers = [(member.root, member.joined)] if member.root else []
-    peers += list(seen.items())
-    for peer, expected in peers:
-        assert peer is not None
+    for peer, expected in _peers(member, seen):
         answer = ask(peer)
         name = _name(peer)
         if answer is None:
@@ -209,9 +205,26 @@ def run(member: Member, command: list[str]) -> int:
             say(f"{BROKE} {why}; stopping {command[0]} to start it with the group again")
             _stop(proc, signal.SIGTERM, BREAK_GRACE)
             continue
+        if why := _peer_lost(member, seen):  # it exited because its group broke: no back-off
+            say(f"{BROKE} {why}; {command[0]} exited with it ({proc.returncode}), starting again")
+            continue
         failures = _back_off(command[0], proc.returncode, time.monotonic() - started, failures)
         stopping.wait(min(BACKOFF[1], BACKOFF[0] * 2 ** (failures - 1)))
     return 0
+
+
+def _peers(member: Member, seen: dict[tuple[str, int], str]) -> list[tuple[tuple[str, int], str]]:
+    """The root this start joined and the members it follows, each with its known incarnation."""
+    return [*([(member.root, member.joined)] if member.root else []), *seen.items()]
+
+
+def _peer_lost(member: Member, seen: dict[tuple[str, int], str]) -> str:
+    """A peer that started again or does not answer now ('' when none): the group is gone."""
+    for peer, expected in _peers(member, seen):
+        answer = ask(peer)
+        if answer is None or answer[0] != expected:
+            return f"{_name(peer)} {'does not answer' if answer is None else 'started again'}"
+    return ""
 
 
 def _listening(member: Member, listen: tuple[str, int]) -> bool:
@@ -264,11 +277,9 @@ def _stop(proc: subprocess.Popen[bytes], signum: int, grace: float = STOP_GRACE)
 
 
 def _reachable(target: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(target, timeout=CONNECT).close()
+    with contextlib.suppress(OSError), socket.create_connection(target, timeout=CONNECT):
         return True
-    except OSError:
-        return False
+    return False
 
 
 def _name(peer: tuple[str, int]) -> str:
@@ -282,11 +293,8 @@ def from_environment() -> Member | None:
     if not listen and not root:
         return None
     members = [address(a) for a in env.get("VLLM_COMPOSE_GROUP_MEMBERS", "").split(",") if a]
-    wait_for = env.get("VLLM_COMPOSE_WAIT_FOR")
+    wait_for, grace = env.get("VLLM_COMPOSE_WAIT_FOR"), env.get("VLLM_COMPOSE_GROUP_GRACE", "10")
     return Member(
-        listen=address(listen) if listen else None,
-        root=address(root) if root else None,
-        members=members,
-        grace=float(env.get("VLLM_COMPOSE_GROUP_GRACE", "10")),
-        wait_for=address(wait_for) if wait_for else None,
-    )
+        listen=address(listen) if listen else None, root=address(root) if root else None,
+        members=members, grace=float(grace), wait_for=address(wait_for) if wait_for else None,
+    )  # fmt: skip

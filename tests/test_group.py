@@ -143,6 +143,25 @@ def test_a_command_that_exits_is_started_again_after_a_back_off(
     assert failing.proc.returncode == 0
 
 
+def test_a_command_that_exits_with_its_group_is_started_again_without_a_back_off(
+    tmp_path: Path, started: list[Supervised]
+) -> None:
+    """vLLM exits when a rank of its group dies: the member's command ends 2 s after its root
+    went (within the grace, so no break came first); no back-off, it waits for the root."""
+    root = Supervised(tmp_path, "root", {"VLLM_COMPOSE_GROUP_LISTEN": f"127.0.0.1:{PORT}"})
+    member = Supervised(tmp_path, "member", {"VLLM_COMPOSE_GROUP_ROOT": f"127.0.0.1:{PORT}"},
+                        command=f"echo started >> {tmp_path}/member.starts; sleep 4; exit 1")  # fmt: skip
+    started += [root, member]
+    eventually(lambda: member.count() == 1)
+    time.sleep(2)
+    os.killpg(root.proc.pid, signal.SIGKILL)  # 2 s before the command ends, 3 s of grace
+    eventually(lambda: "exited with it" in member.output.read_text(), 15)
+    said = member.output.read_text()
+    assert f"the group broke: 127.0.0.1:{PORT} does not answer; sh exited with it (1)" in said
+    assert "starting it again in" not in said  # no back-off
+    assert "waiting for the head at" in said.split("exited with it", 1)[1]
+
+
 def test_up_reads_the_supervisors_last_line_even_glued_to_the_commands_last_output() -> None:
     from generator.base import probes
 
