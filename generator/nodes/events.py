@@ -39,7 +39,8 @@ MANUAL = ("kill", "stop", "destroy")  # through the engine: Docker will not star
 # The supervisors' lines (image/group.py has the same words), and the actions they become.
 SUPERVISOR = "vllm-compose: "
 SAID = {"stopped answering": "silent", "the group broke:": "broke"}
-HEALING = ("die", "oom", "gone", "silent", "broke")  # Docker or the supervisors act on these
+RESTARTED = ("die", "oom", "gone")  # Docker starts these again by itself (a stack with its engine)
+HEALING = (*RESTARTED, "silent", "broke")  # Docker or the supervisors act on these
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +199,13 @@ class Follower:
             except queue.Empty:
                 return
 
+    def _docker(self, node: str) -> list[str]:
+        """The `docker` command line that reaches `node`'s engine (its context)."""
+        return [*map(str, self.fleet.docker[node].client_config.docker_cmd)]
+
     def _follow(self, node: str) -> None:
-        docker = self.fleet.docker[node].client_config.docker_cmd
         project = f"label=com.docker.compose.project={self.fleet.cluster.name}"
-        cmd = [*map(str, docker), "events", "--format", "{{json .}}"]
+        cmd = [*self._docker(node), "events", "--format", "{{json .}}"]
         cmd += ["--filter", "type=container", "--filter", project]
         # Not one-off containers (preflight's, `top`'s looks): theirs are not the group's.
         cmd += ["--filter", "label=com.docker.compose.oneoff=False"]
@@ -255,8 +259,8 @@ class Follower:
     def _tail(self, node: str, container: str, service: str, since: str | None) -> None:
         """Follow one container's log (from `since`, else from now) in a thread of its own,
         until the container stops; its supervisor's lines become signs."""
-        docker = [*map(str, self.fleet.docker[node].client_config.docker_cmd), "logs", "-f"]
-        cmd = [*docker, *(["--since", since] if since else ["--tail", "0"]), container]
+        since_args = ["--since", since] if since else ["--tail", "0"]
+        cmd = [*self._docker(node), "logs", "-f", *since_args, container]
         with self.lock:
             self.tails = {c: p for c, p in self.tails.items() if p.poll() is None}
             running = self.tails.get(container)

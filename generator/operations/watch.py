@@ -36,7 +36,7 @@ from typing import NoReturn, Protocol
 
 from generator.base.errors import VllmComposeError, WatchGaveUp
 from generator.base.fanout import Report
-from generator.nodes.events import Sign, heals, started_again
+from generator.nodes.events import RESTARTED, Sign, heals, started_again
 from generator.nodes.hardware import Reading
 
 
@@ -117,7 +117,7 @@ def _signed(
     clock, sleep = time_
     report(f"watch: {'; '.join(dict.fromkeys(s.said() for s in signs))}")
     if heals(signs):
-        docker = any(s.action in ("die", "oom", "gone") for s in signs)
+        docker = any(s.action in RESTARTED for s in signs)
         who = "Docker and the supervisors" if docker else "the supervisors"
         how = "Docker starts it again and the" if docker else "the"
         report(f"watch: {how} group's supervisors re-form the group; waiting up to"
