@@ -12,7 +12,9 @@ import pytest
 
 from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
-from tests.support.testbed import MODELS, Testbed, sh
+from tests.support.testbed import MODELS, Node, Testbed, sh
+
+WRAPPER = "vllm-compose:"
 
 pytestmark = pytest.mark.testbed
 
@@ -30,6 +32,15 @@ def write(tmp: Path, bed: Testbed, model: str = clusters.STANDIN_MODEL) -> Path:
     )
 
 
+def wrappers(node: Node, forget: bool = False) -> set[str]:
+    """The wrapper images' tags on the node (`forget`: untagged first, so a build shows)."""
+    found = {t for i in node.docker.image.list() for t in i.repo_tags if t.startswith(WRAPPER)}
+    if forget and found:
+        node.docker.image.remove(list(found))
+        return set()
+    return found
+
+
 def ok(result) -> str:  # type: ignore[no-untyped-def]
     assert result.returncode == 0, result.stderr
     return str(result.stdout)
@@ -38,10 +49,13 @@ def ok(result) -> str:  # type: ignore[no-untyped-def]
 def test_lock_then_render_is_reproducible_and_names_the_image_by_id(pair: Pair) -> None:
     bed, tmp = pair
     config = write(tmp, bed)
+    wrappers(bed.nodes[0], forget=True)
     shown = ok(cli("lock", config, cwd=tmp))
     image_id = bed.nodes[0].docker.image.inspect(images.STANDIN).id
     assert f"locked {tmp / 'c.lock.json'}: {images.STANDIN} = {image_id}" in shown
     locked = json.loads((tmp / "c.lock.json").read_text())
+    # Resolved with the wrapper over the base's ID, the one `up` then uses: built once.
+    assert wrappers(bed.nodes[0]) == {locked["wrapper"]["tag"]}
     assert locked["versions"]["ray"] == "2.58.0"
     assert sorted(locked["model"]["files"]) == ["config.json", "weights.bin"]
     assert locked["model"]["files"]["weights.bin"]["size"] == 4096
@@ -76,8 +90,13 @@ def test_a_node_holding_another_image_is_drift_until_the_lock_is_updated(pair: P
         assert "hint: make it match again, or accept the change with --update-lock" in drift.stderr
         assert clusters.containers(head, "locked") == {}
 
+        wrappers(head, forget=True)
         accepted = ok(cli("up", config, "--update-lock", cwd=tmp))
         assert "ready: http://192.168.200.12:30000/v1" in accepted
+        # Locked, rendered and built once: the wrapper the lock resolved with is the one served.
+        assert "image on spark1: present" in accepted.splitlines()
+        relocked = json.loads((tmp / "c.lock.json").read_text())
+        assert wrappers(head) == {relocked["wrapper"]["tag"]}
     finally:
         sh("docker", "--context", worker.context, "tag", original, images.STANDIN)
 

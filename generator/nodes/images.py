@@ -14,12 +14,13 @@ from functools import partial
 from pathlib import Path
 from typing import IO
 
-from python_on_whales import DockerClient, DockerException
+from python_on_whales import DockerClient, DockerException, Image
 from python_on_whales.exceptions import NoSuchImage
 from python_on_whales.utils import run
 
-from generator.base.errors import DockerError
+from generator.base.errors import DockerError, reason
 from generator.base.fanout import Report, each
+from generator.nodes import clients
 
 CHUNK = 1 << 20
 # On the wrapper: the ID of the base it was built from. Layers alone miss a base rebuilt with only
@@ -32,6 +33,20 @@ class Target:
     name: str
     docker: DockerClient
     folder: Path  # the node's rendered folder: the wrapper's build context
+
+
+def held(node: str, context: str, ref: str) -> Image:
+    """The base image `ref` as the engine behind `context` holds it (pulled when missing and
+    pullable): its ID and repository digests, which a lock pins before anything is rendered."""
+    docker = clients.client(context, [], [], "")
+    try:
+        with contextlib.suppress(NoSuchImage):
+            return docker.image.inspect(ref)
+        docker.image.pull(ref, quiet=True)
+        return docker.image.inspect(ref)
+    except DockerException as e:
+        hint = f"docker save {ref} | docker --context {context} load"
+        raise DockerError(node, f"base image {ref}: {reason(e)}", hint=hint) from None
 
 
 def ensure(target: Target, tag: str, base: str) -> str:

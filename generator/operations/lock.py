@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
+from python_on_whales import Image
 
 from generator import __version__
 from generator.base import probes, sidefiles
 from generator.base.errors import ConfigError, DriftError
 from generator.base.manifest import differences
 from generator.config import Cluster, ports, validation
-from generator.nodes import engines
 from generator.nodes.fleet import Fleet
 from generator.stack import slots
 from generator.stack.output import write_atomic
@@ -97,7 +97,7 @@ def make(
     return Lock(
         tool=f"vllm-compose {__version__}",
         config_hash=config_hash or cluster.config_hash(),
-        image=LockedImage(ref=cluster.image, id=image_id, digests=sorted(digests)),
+        image=LockedImage(ref=cluster.configured_image, id=image_id, digests=sorted(digests)),
         wrapper=LockedWrapper(tag=wrapper),
         versions=versions,
         model=LockedModel.model_validate({"path": cluster.model.path, **model}),
@@ -122,15 +122,14 @@ def key(lock: Lock | None) -> str:
     return hashlib.sha256(text(lock).encode()).hexdigest()[:12] if lock else "unlocked"
 
 
-def resolve(fleet: Fleet, config_hash: str, port_given: bool) -> Lock:
-    """What the head resolves the config (of `config_hash`) to now: its base image, the versions
-    inside it and the model's manifest (every file hashed, on the head); and the API port picked
-    for it when the config names none."""
+def resolve(fleet: Fleet, base: Image, config_hash: str, port_given: bool) -> Lock:
+    """What the head resolves the config (of `config_hash`) to now, `fleet` pinned to the `base`
+    image its head holds: that image, the versions inside it and the model's manifest (every
+    file hashed, on the head); and the API port picked for it when the config names none."""
     head, cluster = fleet.head, fleet.cluster
     fleet.contexts_answer(30)
     fleet.images([head])
     fleet.push_secrets([head])
-    base = engines.image(fleet, head, cluster.image)
     fleet.report(f"lock: hashing {cluster.model.path} on {head.name}")
     facts = fleet.health(head, probes.facts("lo", "127.0.0.1", 0))
     manifest = fleet.manifest(head)

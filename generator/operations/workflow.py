@@ -18,7 +18,7 @@ from generator import config
 from generator.base import sidefiles
 from generator.base.errors import DriftError
 from generator.base.fanout import Report
-from generator.nodes import secrets, survey
+from generator.nodes import images, secrets, survey
 from generator.nodes.fleet import Fleet
 from generator.operations import history, lock, stamps
 from generator.operations.deploy import Deployment, Timeouts
@@ -99,20 +99,43 @@ def relock(
     found: secrets.Local,
 ) -> lock.Lock:
     """Resolve the config (as loaded, without its lock) on its head now and write the lock."""
-    return _relocked(path, cluster, outdir, report, found)[0]
+    return _relocked(path, cluster, outdir, report, found).locked
+
+
+@dataclass
+class _Relocked:
+    locked: lock.Lock
+    seen: survey.Seen | None  # the look placing the cluster took
+    plan: Plan
+    fleet: Fleet
 
 
 def _relocked(
     path: Path, cluster: config.Cluster, outdir: Path | None, report: Report, found: secrets.Local
-) -> tuple[lock.Lock, survey.Seen | None]:
-    """relock, and the look at the nodes placing the cluster took (for what opens it next)."""
+) -> _Relocked:
+    """relock, once: the cluster placed, pinned to the base image's ID on its head, rendered and
+    its wrapper built on the head, all as the command that opens it goes on to use them."""
     placed, seen = place(cluster, report)
-    rendered = plan(path, placed, outdir, found)
-    output.apply(rendered.changes)
-    fleet = Fleet(placed, rendered.folder, report, found.files, path.name)
-    resolved = lock.resolve(fleet, cluster.config_hash(), slots.given(cluster))
+    report(f"lock: resolving {cluster.image} on {placed.head.name}")
+    base = images.held(placed.head.name, placed.head.docker_context, placed.image)
+    rendered, fleet = _rendered(path, placed.pinned_to(base.id), outdir, report, found)
+    resolved = lock.resolve(fleet, base, cluster.config_hash(), slots.given(cluster))
     lock.write(path, resolved)
-    return resolved, seen
+    return _Relocked(resolved, seen, rendered, fleet)
+
+
+def _rendered(
+    path: Path,
+    cluster: config.Cluster,
+    folder: Path | None,
+    report: Report,
+    found: secrets.Local | None,
+) -> tuple[Plan, Fleet]:
+    """The node folders written, and the fleet over them."""
+    rendered = plan(path, cluster, folder, found)
+    output.apply(rendered.changes)
+    files = found.files if found else {}
+    return rendered, Fleet(cluster, rendered.folder, report, files, path.name)
 
 
 def place(cluster: config.Cluster, report: Report) -> tuple[config.Cluster, survey.Seen | None]:
@@ -135,36 +158,6 @@ def _secrets(path: Path, cluster: config.Cluster, outdir: Path | None) -> secret
     return secrets.local(path, cluster)
 
 
-@dataclass(frozen=True)
-class _How:
-    update_lock: bool
-    strict: bool
-    entry: history.Entry | None
-
-
-def _locked_and_placed(
-    path: Path,
-    cluster: config.Cluster,
-    outdir: Path | None,
-    report: Report,
-    found: secrets.Local | None,
-    how: _How,
-) -> tuple[config.Cluster, lock.Lock | None, survey.Seen | None]:
-    """The cluster pinned to the lock it opens with, at its API port, once: the lock resolved
-    now and written (`update_lock`, placing the cluster on the way), the served stack's
-    (`entry`), else the file's (drift refused when `strict`); and the look placing it took."""
-    locked: lock.Lock | None
-    seen: survey.Seen | None = None
-    if how.update_lock and found:
-        locked, seen = _relocked(path, cluster, outdir, report, found)
-    else:
-        locked = how.entry.locked if how.entry else pinned(path, cluster, how.strict)[1]
-    cluster = lock.pinned(cluster, locked) if locked else cluster
-    if seen is None:  # a relock placed it, and its lock holds the port
-        cluster, seen = place(cluster, report)
-    return cluster, locked, seen
-
-
 @contextlib.contextmanager
 def opened(
     path: Path,
@@ -185,23 +178,29 @@ def opened(
     text = entry.config_text if entry else config.read(path)
     cluster = config.parse(text, str(path))
     found = _secrets(path, cluster, outdir) if with_secrets else None
-    how = _How(update_lock, strict, entry)
-    cluster, locked, seen = _locked_and_placed(path, cluster, outdir, report, found, how)
+    locked: lock.Lock | None
     with contextlib.ExitStack() as stack:
-        folder = outdir
-        if not with_secrets:
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-compose-")))
-        rendered = plan(path, cluster, folder, found)
-        output.apply(rendered.changes)
-        fleet = Fleet(cluster, rendered.folder, report, found.files if found else {}, path.name)
+        if update_lock and found:
+            done = _relocked(path, cluster, outdir, report, found)
+            locked, seen, rendered, fleet = done.locked, done.seen, done.plan, done.fleet
+        else:
+            locked = entry.locked if entry else pinned(path, cluster, strict)[1]
+            cluster, seen = place(lock.pinned(cluster, locked) if locked else cluster, report)
+            folder = outdir if with_secrets else Path(stack.enter_context(_temporary()))
+            rendered, fleet = _rendered(path, cluster, folder, report, found)
         deployment = Deployment(
             fleet,
             locked=locked,
             lock_file=lock.path_for(path),
             accept_drift=update_lock,  # just re-locked
             logs=sidefiles.Beside(path).logs,
-            stamped=stamps.read(path, cluster.model.path),
+            stamped=stamps.read(path, fleet.cluster.model.path),
             timeouts=timeouts or Timeouts(),
             seen=seen,
         )
-        yield Opened(cluster, locked, found, rendered, deployment, text)
+        yield Opened(fleet.cluster, locked, found, rendered, deployment, text)
+
+
+def _temporary() -> tempfile.TemporaryDirectory[str]:
+    """The folder a read-only command renders into, gone when it ends."""
+    return tempfile.TemporaryDirectory(prefix="vllm-compose-")
