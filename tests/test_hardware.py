@@ -247,7 +247,7 @@ def test_top_shows_a_gb10_with_the_nodes_memory_marked_unified() -> None:
     found = Hardware(devices=gb10(), memory=meminfo(121.7, 100, 110))
     assert hardware.describe(found) == "35 °C 11 W 0% 12/122 GiB unified"
     row = top.NodeRow(node="spark1", ip="10.0.0.1", hardware=found)
-    view = top.Top(nodes=[row], endpoint=top.Endpoint(error="down"))
+    view = top.Top(nodes=[row], endpoint=None, endpoint_error="down")
     assert top.rows(view)[0][4] == "35 °C 11 W 0% 12/122 GiB unified"
 
 

@@ -45,6 +45,14 @@ def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
     assert worker == ["spark2", "engine does not answer", "-", "-", "-", "", "", ""]
 
 
+def test_an_endpoint_that_did_not_answer_shows_no_figures_and_a_first_sample_no_rates() -> None:
+    row = top.NodeRow(node="spark1", ip="10.0.0.1")
+    silent = top.Top(nodes=[row], endpoint=None, endpoint_error="vLLM's /metrics did not answer")
+    assert top.rows(silent)[0][5:] == ["-", "-", "-"]
+    first = top.Top(nodes=[row], endpoint=top.Endpoint(running=0, waiting=1, kv_cache_percent=0))
+    assert top.rows(first)[0][5:] == ["0 running, 1 waiting", "0%", "-"]
+
+
 def test_rates_are_per_second_and_never_negative() -> None:
     before, now = {"tokens": 100.0, "prompt_tokens": 50.0}, {"tokens": 160.0, "prompt_tokens": 0.0}
     assert top._rate(now, before, "tokens", 2.0) == 30.0

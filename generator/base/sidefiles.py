@@ -17,40 +17,32 @@ from generator.base.errors import UnsafePath
 LIMIT = 1 << 20  # bytes: a config, lock or history entry is a few KiB
 
 
+class _Named:
+    """A file or folder beside the config, named CONFIG-STEM.SUFFIX."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def __get__(self, beside: Beside, owner: type[Beside]) -> Path:
+        return beside.named(self.suffix)
+
+
 @dataclass(frozen=True)
 class Beside:
-    """Every file and folder the tool keeps beside a config, named here only:
-    CONFIG-STEM.lock.json, .history/, .model-stamps.json, .logs/, .bench/, .answers.json, and
-    the generated secrets (.api-key, .ray-token)."""
+    """Every file and folder the tool keeps beside a config, named here only; the generated
+    secrets' files (.api-key, .ray-token) are `named` by the secrets' module."""
 
     config: Path
 
+    lock = _Named("lock.json")
+    history = _Named("history")  # a folder: one entry per stack that served (history.py)
+    stamps = _Named("model-stamps.json")
+    logs = _Named("logs")  # a folder: the last start and the diagnostics bundles
+    bench = _Named("bench")  # a folder: bench's runs
+    answers = _Named("answers.json")  # the correctness gate's recorded answers
+
     def named(self, suffix: str) -> Path:
         return self.config.with_name(f"{self.config.stem}.{suffix}")
-
-    @property
-    def lock(self) -> Path:
-        return self.named("lock.json")
-
-    @property
-    def history(self) -> Path:
-        return self.named("history")
-
-    @property
-    def stamps(self) -> Path:
-        return self.named("model-stamps.json")
-
-    @property
-    def logs(self) -> Path:
-        return self.named("logs")
-
-    @property
-    def bench(self) -> Path:
-        return self.named("bench")
-
-    @property
-    def answers(self) -> Path:
-        return self.named("answers.json")
 
 
 def problem(path: Path, limit: int = LIMIT, follow: bool = False) -> str:

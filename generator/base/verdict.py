@@ -10,6 +10,8 @@ Status = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Check:
+    """One check on one node; a failure says its cause and a hint."""
+
     name: str
     node: str
     status: Status

@@ -27,6 +27,8 @@ from generator.nodes import secrets
 from generator.operations import lock, stamps, sync, verify, workflow
 from generator.stack.output import apply
 
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan and diffs only.")]
+
 
 @app.command()
 def validate(path: ConfigArg) -> None:
@@ -46,9 +48,7 @@ def validate(path: ConfigArg) -> None:
 def render_cmd(
     path: ConfigArg,
     outdir: OutdirOpt = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show the plan and diffs only.")
-    ] = False,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Render one compose folder per node: compose.yaml, the wrapper's build context and the
     secret files its stack uses (secrets/, mode 0600), so the folder alone starts with

@@ -15,6 +15,10 @@ from generator.nodes import served
 from generator.operations import bench as benchmark
 from generator.operations import benchruns, gate
 
+RecordOpt = Annotated[
+    bool, typer.Option("--record", help="Record these answers as the golden ones.")
+]
+
 # (heading, field): narrow enough for 80 columns (times in ms; "srv": as the server counted
 # them); every field is in the saved JSON.
 COLUMNS = [
@@ -123,9 +127,7 @@ def _figure(value: float) -> str:
 def check(
     path: ConfigArg,
     outdir: OutdirOpt = None,
-    record: Annotated[
-        bool, typer.Option("--record", help="Record these answers as the golden ones.")
-    ] = False,
+    record: RecordOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """The correctness gate, run inside serve: greedy prompts twice give the same tokens, and

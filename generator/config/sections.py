@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from ipaddress import IPv4Address
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,6 +36,11 @@ TEXT = AfterValidator(_text)
 ABS_PATH = r"^/[^\x00-\x1f:]*$"
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def seconds(default: int, low: int, high: int, description: str) -> Any:
+    """A field of whole seconds, from `low` to `high`."""
+    return Field(default=default, ge=low, le=high, description=description)
 
 
 class Strict(BaseModel):
@@ -128,11 +133,11 @@ class Vllm(Strict):
         description="Rendezvous port of rank 0 for the native backend (default: 29501 minus "
         "the cluster's slot, the last two digits of `vllm.port`).",
     )
-    startup_timeout: int = Field(
-        default=1800,
-        ge=10,
-        le=86400,
-        description="Seconds the model may take to load before the serve service counts as failed.",
+    startup_timeout: int = seconds(
+        1800,
+        10,
+        86400,
+        "Seconds the model may take to load before the serve service counts as failed.",
     )
     args: list[Annotated[str, Field(max_length=4096), TEXT]] = Field(
         default_factory=list,
@@ -190,17 +195,14 @@ class Group(Strict):
         "start they are in (a node that restarted makes every node start again with it; "
         "default: 29510 plus the cluster's slot, the last two digits of `vllm.port`).",
     )
-    grace: int = Field(
-        default=10,
-        ge=2,
-        le=600,
-        description="Seconds a node may not answer before the others leave the group to re-form.",
+    grace: int = seconds(
+        10, 2, 600, "Seconds a node may not answer before the others leave the group to re-form."
     )
-    hang_after: int = Field(
-        default=60,
-        ge=0,
-        le=3600,
-        description="Seconds the head's serve may leave its own one-token completion unanswered, "
+    hang_after: int = seconds(
+        60,
+        0,
+        3600,
+        "Seconds the head's serve may leave its own one-token completion unanswered, "
         "while vLLM counts no token, before the group re-forms (a hung rank; armed by the first "
         "answer after each start; 0: never).",
     )

@@ -31,17 +31,19 @@ class NodeRow(BaseModel):
 
 
 class Endpoint(BaseModel):
-    running: float | None = None
-    waiting: float | None = None
-    kv_cache_percent: float | None = None
+    """vLLM's load as its /metrics says it; a rate needs two samples (None on the first)."""
+
+    running: float
+    waiting: float
+    kv_cache_percent: float
     prompt_tokens_per_s: float | None = None
     generation_tokens_per_s: float | None = None
-    error: str | None = None
 
 
 class Top(BaseModel):
     nodes: list[NodeRow]
-    endpoint: Endpoint
+    endpoint: Endpoint | None  # None when vLLM's /metrics did not answer: endpoint_error says so
+    endpoint_error: str | None = None
 
 
 def sample(
@@ -56,9 +58,9 @@ def sample(
     ]
     load = served.load(fleet)
     if load is None:
-        return Top(nodes=rows, endpoint=Endpoint(error="vLLM's /metrics did not answer")), {}
-    endpoint = Endpoint(running=load["running"], waiting=load["waiting"])
-    endpoint.kv_cache_percent = round(100 * load.get("kv_cache", 0.0), 1)
+        return Top(nodes=rows, endpoint=None, endpoint_error="vLLM's /metrics did not answer"), {}
+    kv_cache = round(100 * load.get("kv_cache", 0.0), 1)
+    endpoint = Endpoint(running=load["running"], waiting=load["waiting"], kv_cache_percent=kv_cache)
     if before:
         endpoint.prompt_tokens_per_s = _rate(load, before, "prompt_tokens", seconds)
         endpoint.generation_tokens_per_s = _rate(load, before, "tokens", seconds)
@@ -90,9 +92,9 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
 def rows(top: Top) -> list[list[str]]:
     """The view's table: a row per node, the endpoint's figures on the head's row."""
     e = top.endpoint
-    load = "-" if e.error else f"{e.running:g} running, {e.waiting:g} waiting"
-    cache = "-" if e.kv_cache_percent is None else f"{e.kv_cache_percent:g}%"
-    tps = "-" if e.generation_tokens_per_s is None else (
+    load = "-" if e is None else f"{e.running:g} running, {e.waiting:g} waiting"
+    cache = "-" if e is None else f"{e.kv_cache_percent:g}%"
+    tps = "-" if e is None or e.generation_tokens_per_s is None else (
         f"{e.prompt_tokens_per_s:g} / {e.generation_tokens_per_s:g}"
     )  # fmt: skip
     table = []

@@ -5,9 +5,8 @@ from __future__ import annotations
 import difflib
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from generator.base import sidefiles
 from generator.base.errors import OutputError, UnsafePath
@@ -16,8 +15,9 @@ from generator.stack.render import File
 Action = Literal["create", "identical", "overwrite"]
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
+    """What writing one rendered file does; `old` is what the file held (None: it is new)."""
+
     path: Path
     action: Action
     file: File
