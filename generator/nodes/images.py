@@ -18,7 +18,7 @@ from python_on_whales import DockerClient, DockerException, Image
 from python_on_whales.exceptions import NoSuchImage
 from python_on_whales.utils import run
 
-from generator.base.errors import DockerError, reason
+from generator.base.errors import DockerError
 from generator.base.fanout import Report, each
 from generator.nodes import clients
 
@@ -42,11 +42,15 @@ def held(node: str, context: str, ref: str) -> Image:
     try:
         with contextlib.suppress(NoSuchImage):
             return docker.image.inspect(ref)
+    except DockerException as e:
+        raise DockerError.wrap(node, f"looking for the base image {ref}", e) from None
+    try:
         docker.image.pull(ref, quiet=True)
         return docker.image.inspect(ref)
-    except DockerException as e:
+    except DockerException:
         hint = f"docker save {ref} | docker --context {context} load"
-        raise DockerError(node, f"base image {ref}: {reason(e)}", hint=hint) from None
+        missing = f"base image {ref} is not there and cannot be pulled"
+        raise DockerError(node, missing, hint=hint) from None
 
 
 def ensure(target: Target, tag: str, base: str) -> str:
