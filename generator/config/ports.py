@@ -21,6 +21,12 @@ def slot(c: Cluster) -> int:
     return c.vllm.port % SLOTS
 
 
+def vllm(c: Cluster) -> int:
+    """Where vLLM itself listens on the head: behind the front door, a loopback port of the
+    slot (clients use `vllm.port`, the front door's); without it, `vllm.port`."""
+    return 28000 + slot(c) if c.front_door.enabled else c.vllm.port
+
+
 def ray_gcs(c: Cluster) -> int:
     return c.ray.port or 6379 + slot(c)
 
@@ -75,6 +81,8 @@ def opened(c: Cluster) -> dict[str, int]:
     """The fixed ports the stacks open on their nodes, by the setting (or Ray option) that
     names them; Ray's worker range by its first port."""
     found = {"vllm.port": c.vllm.port, "group.port": group(c)}
+    if c.front_door.enabled:
+        found["vLLM behind the front door"] = vllm(c)
     if c.backend == "ray":
         found["ray.port"] = ray_gcs(c)
         if c.ray.dashboard:

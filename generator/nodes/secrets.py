@@ -8,6 +8,7 @@ environment variable or a log line.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import secrets as random_secrets
@@ -24,7 +25,10 @@ from python_on_whales.utils import run
 from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
-from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_names
+from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
+from generator.stack.output import write_atomic
+
+DOOR_KEYS = "front_door_keys"  # the only secret made from another, not read from a file
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
     for name in secret_names(cluster):
+        if name == DOOR_KEYS:
+            continue  # made from the others (_door_keys)
         given = named[name]
         path = folder / Path(given).expanduser() if given else folder / _default(config, name)
         if path.exists():
@@ -60,7 +66,24 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     for name, path in found.files.items():
         _usable(name, path)
     _distinct(found.files)
+    if DOOR_KEYS in secret_names(cluster):
+        _door_keys(config, found, generate)
     return found
+
+
+def _door_keys(config: Path, found: Local, generate: bool) -> None:
+    """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
+    config (mode 0600) when it changed; never a key itself."""
+    path = sidefiles.Beside(config).named(SECRET_NAMES[DOOR_KEYS])
+    key = found.files.get("api_key")
+    if key is None or not generate:
+        (found.files if path.exists() else found.missing)[DOOR_KEYS] = path
+        return
+    digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
+    text = frontdoor.keys_map({"admin": digest})
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        write_atomic(path, text, 0o600)
+    found.files[DOOR_KEYS] = path
 
 
 def _default(config: Path, name: str) -> str:

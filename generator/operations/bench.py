@@ -21,6 +21,7 @@ from python_on_whales import DockerException
 
 from generator.base import probes
 from generator.base.errors import OptionError, PhaseError, last_line, reason
+from generator.config import ports
 from generator.nodes import served
 from generator.nodes.fleet import Fleet
 
@@ -69,7 +70,7 @@ def command(fleet: Fleet, sweep: Sweep, concurrency: int) -> list[str]:
     c = fleet.cluster
     bench = [
         "vllm", "bench", "serve", "--backend", "vllm",
-        "--base-url", f"http://127.0.0.1:{c.vllm.port}", "--endpoint", "/v1/completions",
+        "--base-url", f"http://127.0.0.1:{ports.vllm(c)}", "--endpoint", "/v1/completions",
         "--model", c.served_model_name, "--tokenizer", c.model.path,
         *dataset(sweep), "--num-prompts", str(sweep.prompts),
         "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -136,7 +137,7 @@ def _server_said(fleet: Fleet) -> str | None:
     """Why the server fails a plain completion of the served model, or None when it answers."""
     c = fleet.cluster
     try:
-        fleet.execute(fleet.head, "serve", probes.serve(c.vllm.port, c.served_model_name))
+        fleet.execute(fleet.head, "serve", probes.serve(ports.vllm(c), c.served_model_name))
     except DockerException as e:
         return reason(e).removeprefix("vllm-compose-health: ")
     return None

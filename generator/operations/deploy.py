@@ -21,7 +21,7 @@ from python_on_whales import DockerException
 from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each, parallel
-from generator.config import Node
+from generator.config import Node, ports
 from generator.nodes import events, survey
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
 from generator.nodes.hardware import Reading
@@ -215,7 +215,7 @@ class Deployment:
             self._started("serve", {head: ["serve"]})
             others, join = [(n, "serve") for n in c.workers], None
         watched = readiness.Watched(fleet, head, "serve", "serve", others, join)
-        readiness.wait(watched, probes.serve(c.vllm.port, c.served_model_name), timeout, True)
+        readiness.wait(watched, probes.serve(ports.vllm(c), c.served_model_name), timeout, True)
 
     # watch's view of the group (generator/operations/watch.py)
 

@@ -18,6 +18,7 @@ from python_on_whales import DockerException
 from generator import config
 from generator.base import probes
 from generator.base.errors import PhaseError, RolledBack, VllmComposeError, reason
+from generator.config import ports
 from generator.operations import gate, history, lock
 from generator.operations.deploy import Result
 from generator.operations.workflow import Opened
@@ -111,7 +112,7 @@ def golden(opened: Opened) -> None:
         return
     fleet.report("canary: asking the golden prompt")
     probe = probes.golden(
-        c.vllm.port, c.served_model_name, c.canary.prompt, c.canary.expect, c.canary.max_tokens
+        ports.vllm(c), c.served_model_name, c.canary.prompt, c.canary.expect, c.canary.max_tokens
     )
     try:
         fleet.execute(fleet.head, "serve", probe)

@@ -17,6 +17,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from generator.config import ports
+from generator.stack.monitoring import Sidecar
+
+if TYPE_CHECKING:
+    from generator.config import Cluster
+    from generator.stack import NodeStack
 
 BUFSIZE = 1 << 20  # a request up to 1 MiB is buffered whole: held, sent again and routed
 MAXCONN = 1000
@@ -25,6 +33,10 @@ KEYS = "/run/secrets/front_door_keys"  # hash -> key name, one per line
 MODELS = "/etc/vllm-compose/front-door/models.map"  # model -> backend
 MODEL_LIST = "/etc/vllm-compose/front-door/models.json"  # what /v1/models answers
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
+CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
+# Compose configs (name -> where the front door reads it).
+CONFIGS = {"front-door-config": CONFIG_FILE, "front-door-models": MODELS,
+           "front-door-model-list": MODEL_LIST}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -148,3 +160,27 @@ def model_list(routes: list[Route]) -> str:
 def keys_map(hashes: dict[str, str]) -> str:
     """hash -> key name, one per line."""
     return "".join(f"{digest} {name}\n" for name, digest in sorted(hashes.items()))
+
+
+def routes(c: Cluster) -> list[Route]:
+    """The models behind this front door: the cluster's own."""
+    return [Route(c.served_model_name, f"cluster-{c.name}", f"127.0.0.1:{ports.vllm(c)}")]
+
+
+def configs(c: Cluster) -> dict[str, str]:
+    """Compose config name -> its content, for the head's stack."""
+    door, found = c.front_door, routes(c)
+    limits = Limits(door.requests_per_minute, door.concurrency)
+    texts = [config(c.vllm.port, door.hold, found, limits), models_map(found), model_list(found)]
+    return dict(zip(CONFIGS, texts, strict=True))
+
+
+def sidecars(stack: NodeStack) -> list[Sidecar]:
+    """The front door on the head, when it is on. As root: the keys' map is root's, mode 0600,
+    as Compose mounts it from the node."""
+    door = stack.cluster.front_door
+    if not (door.enabled and stack.is_head):
+        return []
+    command = ["haproxy", "-W", "-db", "-f", CONFIG_FILE]
+    return [Sidecar("front-door", door.image, command, user="0", secrets=["front_door_keys"],
+                    configs=list(CONFIGS.items()))]  # fmt: skip

@@ -191,11 +191,14 @@ def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict
 
 
 def canary(stack: NodeStack) -> dict[str, str]:
-    """The head serve's own check for a hung rank (image/canary.py), when it is on."""
+    """The head serve's own check for a hung rank (image/canary.py), when it is on; and behind
+    the front door, vLLM takes no key of its own (the entrypoint reads this)."""
     c = stack.cluster
+    door = {"VLLM_COMPOSE_FRONT_DOOR": "1"} if c.front_door.enabled else {}
     if not c.group.hang_after:
-        return {}
-    return {"VLLM_COMPOSE_CANARY": f"{c.group.hang_after} {c.vllm.port} {c.served_model_name}"}
+        return door
+    said = f"{c.group.hang_after} {ports.vllm(c)} {c.served_model_name}"
+    return door | {"VLLM_COMPOSE_CANARY": said}
 
 
 def _vllm_serve(stack: NodeStack) -> list[str]:
@@ -204,7 +207,9 @@ def _vllm_serve(stack: NodeStack) -> list[str]:
     cmd = ["vllm", "serve", c.model.path]
     cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
     cmd += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
-    cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(v.port)]
+    cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(ports.vllm(c))]
+    if c.front_door.enabled:
+        cmd += ["--host", "127.0.0.1"]  # clients reach it through the front door only
     if v.max_model_len:
         cmd += ["--max-model-len", str(v.max_model_len)]
     if v.served_model_name:
@@ -217,7 +222,7 @@ def _vllm_serve(stack: NodeStack) -> list[str]:
 
 def _serve_health(stack: NodeStack) -> Health:
     c = stack.cluster
-    test = ["CMD", *probes.serve(c.vllm.port, c.served_model_name)]
+    test = ["CMD", *probes.serve(ports.vllm(c), c.served_model_name)]
     # Every check is a real completion: every 15 s, not 5, so checks do not compete with the
     # model load for CPU, nor with traffic later. `up` does not wait on it (it probes itself).
     return Health(test, start_period=c.vllm.startup_timeout, interval=15)
