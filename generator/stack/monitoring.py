@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from generator.config import ports
+
 if TYPE_CHECKING:
     from generator.config import Cluster, Metrics, Node
     from generator.stack import NodeStack
@@ -117,8 +119,12 @@ def prometheus_config(c: Cluster) -> str:
     """prometheus.yml: every target by its private IP, labelled with its node's name."""
     m = c.metrics
     assert m is not None
-    jobs = [_job("vllm", [c.head], c.vllm.port)]
-    jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+    if c.front_door.enabled:  # vLLM on the head's loopback, where Prometheus runs
+        vllm = {"targets": [f"127.0.0.1:{ports.vllm(c)}"], "labels": {"node": c.head.name}}
+        jobs: list[dict[str, object]] = [{"job_name": "vllm", "static_configs": [vllm]}]
+    else:
+        jobs = [_job("vllm", [c.head], c.vllm.port)]
+        jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
     jobs.append(_job("node", c.nodes, m.node_exporter_port))
     if c.backend == "ray" and m.ray_port:
         jobs.append(_job("ray", c.nodes, m.ray_port))
