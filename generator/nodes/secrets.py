@@ -25,6 +25,7 @@ from python_on_whales.utils import run
 from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
+from generator.nodes import keys
 from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
 from generator.stack.output import write_atomic
 
@@ -80,7 +81,7 @@ def _door_keys(config: Path, found: Local, generate: bool) -> None:
         (found.files if path.exists() else found.missing)[DOOR_KEYS] = path
         return
     digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
-    text = frontdoor.keys_map({"admin": digest})
+    text = frontdoor.keys_map(keys.hashes(config) | {keys.ADMIN: digest})
     if not path.exists() or path.read_text(encoding="utf-8") != text:
         write_atomic(path, text, 0o600)
     found.files[DOOR_KEYS] = path
