@@ -22,7 +22,7 @@ from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each, parallel
 from generator.config import Node, ports
-from generator.nodes import events, survey
+from generator.nodes import door, events, survey
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
 from generator.nodes.hardware import Reading
 from generator.operations import evidence, lock, observe, preflight, readiness
@@ -121,7 +121,7 @@ class Deployment:
             evidence.last_start(self.logs, start)
         evidence.write_bundle(self.fleet, self.logs, doing)
         self.fleet.report(f"{doing}: taking the group down on every node")
-        for node, outcome in self.fleet.down(volumes=False).items():
+        for node, outcome in door.group_down(self.fleet).items():
             self.fleet.report(f"{done} on {node}: {outcome}")
 
     def _images(self) -> dict[str, str]:
@@ -161,6 +161,9 @@ class Deployment:
 
     def _start(self, result: Result) -> None:
         c, stacks = self.fleet.cluster, self.fleet.stacks
+        if c.front_door.enabled:  # first, and left running: it holds requests while serve starts
+            front = {self.fleet.head: [door.NAME]}
+            self._phase(result, "front door", lambda: self._started("front door", front))
         if c.metrics:  # first: the exporters see the start too
             sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
             self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
@@ -248,7 +251,8 @@ class Deployment:
         """watch giving up: the logs saved first, the containers removed, the volumes kept (the
         head's /tmp holds Ray's session logs; `vllm-compose down` removes them)."""
         evidence.write_bundle(self.fleet, self.logs, "giving up")
-        return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
+        kept = door.group_down(self.fleet)
+        return {n: f"{what}, volumes and the front door kept" for n, what in kept.items()}
 
     def start_again(self, services: dict[str, list[str]]) -> None:
         """Each named node's services started again as they were (Compose creates a removed
@@ -269,7 +273,7 @@ class Deployment:
         if isinstance(serve, BaseException):
             fleet.report(f"recreate: {head.name}: serve not removed: {reason(serve)}")
         for step in (fleet.cluster.workers, [head]):
-            for node, what in fleet.down(step, volumes=False).items():
+            for node, what in door.group_down(fleet, step).items():
                 if what != "removed":
                     fleet.report(f"recreate: {node}: {what}")
         return self.up()

@@ -19,6 +19,7 @@ from generator import config
 from generator.base import probes
 from generator.base.errors import PhaseError, RolledBack, VllmComposeError, reason
 from generator.config import ports
+from generator.nodes import door
 from generator.operations import gate, history, lock
 from generator.operations.deploy import Result
 from generator.operations.workflow import Opened
@@ -68,7 +69,7 @@ def rollback(path: Path, open_: Open) -> Switched:
     with open_(path, with_secrets=True, entry=entry) as back:
         start = time.monotonic()
         back.fleet.report("rollback: taking the group that serves now down")
-        back.fleet.down(volumes=False, stop=SWITCH_STOP)
+        door.group_down(back.fleet, stop=SWITCH_STOP)
         back.deployment.start(result)
         _put_lock_back(path, entry)
         now = history.record(path, entry.config_text, entry.locked)
@@ -87,7 +88,7 @@ def _switch(
     start = time.monotonic()
     try:
         fleet.report("switch: taking the old group down (volumes kept: its compile caches)")
-        fleet.down(volumes=False, stop=SWITCH_STOP)
+        door.group_down(fleet, stop=SWITCH_STOP)
         staged.deployment.start(result)
         golden(staged)
         answers(path, staged, accept)
