@@ -71,6 +71,7 @@ def write_config(
         ),
         f"model: {{path: {model}}}",
         f"vllm: {vllm}",
+        f"front_door: {{image: {images.HAPROXY}}}",  # Debian's HAProxy in place of the official
         *([extra] if extra else []),
     ]
     path.write_text("\n".join(lines) + "\n")
