@@ -35,11 +35,14 @@ class Load:
     done: list[Request] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     sent: list[int] = field(default_factory=list)  # requests sent, per client: every one is done
+    timeout: float = REQUEST_TIMEOUT  # seconds a request may wait for its answer
+    streamed_share: int = 2  # every n-th request is streamed (1: all; 0: none)
+    max_tokens: int = 8
 
     def run(self, client: int) -> None:
         sent = 0
         while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
-            streamed = (client + sent) % 2 == 0
+            streamed = bool(self.streamed_share) and (client + sent) % self.streamed_share == 0
             start = time.monotonic()
             self.sent[client] += 1
             try:
@@ -55,10 +58,10 @@ class Load:
     def _send(self, streamed: bool) -> str:
         """'' when answered; else what the client saw."""
         body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}],
-                "max_tokens": 8, "stream": streamed}  # fmt: skip
+                "max_tokens": self.max_tokens, "stream": streamed}  # fmt: skip
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
         request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
             if not streamed:
                 return "" if json.load(response)["choices"] else "an answer with no choices"
             for raw in response:
@@ -83,7 +86,7 @@ class Load:
         finally:
             self.stop.set()
             for thread in threads:
-                thread.join(REQUEST_TIMEOUT + 5)
+                thread.join(self.timeout + 5)
 
     def failed_after(self, moment: float) -> list[Request]:
         return [r for r in self.done if r.end >= moment and not r.ok]
