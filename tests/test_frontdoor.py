@@ -169,3 +169,23 @@ def test_past_its_requests_per_minute_a_key_gets_429(door: None) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_model_name_with_a_space_or_a_host_flag_is_refused_behind_the_door() -> None:
+    from generator import config
+    from generator.base.errors import ConfigError
+
+    base = (
+        "name: c\nimage: img:1\naccelerator: none\ninterface: eth1\n"
+        "nodes: [{name: a, ip: 10.0.0.1, context: a}]\nmodel: {path: /models/m}\n"
+    )
+    with pytest.raises(ConfigError) as spaced:
+        config.parse(base + "vllm: {served_model_name: my model}\n", "c.yaml")
+    assert "the front door routes by it" in str(spaced.value.problems)
+    with pytest.raises(ConfigError) as host:
+        config.parse(base + "vllm: {args: [--host, 0.0.0.0]}\n", "c.yaml")
+    assert "front_door.enabled" in str(host.value.problems)
+    opened = config.parse(
+        base + "front_door: {enabled: false}\nvllm: {served_model_name: a b}\n", "c.yaml"
+    )
+    assert opened.served_model_name == "a b"
