@@ -70,7 +70,7 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_starts_with_ray_and_w
     assert answer["ray_nodes"] == [head.ip, worker.ip]
 
     on_head, on_worker = containers(head, "pair"), containers(worker, "pair")
-    assert set(on_head) == {"ray", "serve"} and set(on_worker) == {"ray"}
+    assert set(on_head) == {"front-door", "ray", "serve"} and set(on_worker) == {"ray"}
     head_ray, serve, worker_ray = on_head["ray"], on_head["serve"], on_worker["ray"]
     started = serve.state.started_at, head_ray.state.started_at
     assert started[0] and started[1]

@@ -117,6 +117,9 @@ def test_a_known_key_reaches_its_models_backend_and_the_key_stays_at_the_door(do
         status, said, _ = chat("other")
         assert status == 200 and said["port"] == UPSTREAMS[1]
         assert said["authorization"] is None
+        # No model named: the door's own cluster, the first route, as vLLM takes it.
+        status, said, _ = send("/v1/completions", {"prompt": "hi"})
+        assert status == 200 and said["port"] == UPSTREAMS[0]
         # Agents' long prompts: a body of 600 kB is routed by its model all the same.
         status, said, _ = chat("tiny", padding="x" * 600_000)
         assert status == 200 and said["port"] == UPSTREAMS[0] and said["length"] > 600_000

@@ -64,9 +64,16 @@ UNAVAILABLE = error("The model is not serving now; try again.", "server_error", 
 
 
 def config(port: int, hold: int, routes: list[Route], limits: Limits) -> str:
-    """haproxy.cfg: the frontend on `port` (every address), a backend per route."""
+    """haproxy.cfg: the frontend on `port` (every address), a backend per route; the first
+    route is the door's own cluster."""
     return "\n".join(
-        [*_global(), *_defaults(hold), *_frontend(port, limits), *_backends(routes), ""]
+        [
+            *_global(),
+            *_defaults(hold),
+            *_frontend(port, limits, routes[0].backend),
+            *_backends(routes),
+            "",
+        ]
     )
 
 
@@ -99,7 +106,7 @@ def _defaults(hold: int) -> list[str]:
     ]
 
 
-def _frontend(port: int, limits: Limits) -> list[str]:
+def _frontend(port: int, limits: Limits, own: str) -> list[str]:
     lines = [
         "frontend api",
         f"    bind :{port}",
@@ -120,8 +127,9 @@ def _frontend(port: int, limits: Limits) -> list[str]:
         "    http-request return status 200 content-type application/json"
         f" file {MODEL_LIST} if {{ path /v1/models }} {{ method GET }}",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
-        f"    use_backend %[var(txn.model),map({MODELS},unknown)]",
-        "    default_backend unknown",
+        # A request that names no model goes to the door's own cluster, as vLLM takes it.
+        f"    use_backend %[var(txn.model),map({MODELS},unknown)] if {{ var(txn.model) -m found }}",
+        f"    default_backend {own}",
     ]
     return lines
 
