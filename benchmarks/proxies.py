@@ -13,8 +13,8 @@ token, measured here); LiteLLM's proxy (PyPI, `litellm[proxy]`) retries through 
 Two measures, on each of the three endpoints (vLLM direct, through HAProxy, through LiteLLM):
 - cost: vLLM's own `vllm bench serve` at `bench`'s defaults (concurrency 1, 4 and 16, 32 prompts
   each, chat completions of random prompts, cut to the tiny model's context as `bench` cuts
-  them), the three endpoints in turn, twice: output tokens/s and median TTFT, each against
-  direct in the same round;
+  them), the three endpoints in turn, two rounds: each run's output tokens/s and median TTFT,
+  then the median over the rounds against direct's;
 - a restart: 4 clients send non-streamed chat completions (each may wait 150 s) while vLLM's
   container is killed and started again: failed requests, and the longest a request was held.
 
@@ -132,7 +132,8 @@ def answers(port: int, key: str, limit: float) -> float:
 
 @contextlib.contextmanager
 def vllm(docker: DockerClient, model: Path) -> Iterator[None]:
-    docker.container.remove(CONTAINER, force=True) if docker.container.exists(CONTAINER) else None
+    if docker.container.exists(CONTAINER):  # left by a run that was killed
+        docker.container.remove(CONTAINER, force=True)
     serve = ["vllm", "serve", "/model", "--served-model-name", NAME, "--host", "127.0.0.1",
              "--port", str(VLLM_PORT), "--max-model-len", "256", "--dtype", "float32",
              "--enforce-eager"]  # fmt: skip

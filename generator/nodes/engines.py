@@ -1,21 +1,16 @@
-"""One node's engine, for what an operation needs beyond the group-wide calls of `Fleet`: an
-image's details, its containers' resource use, its stack's log. Operations reach a node's engine
+"""One node's engine, for what an operation needs beyond the group-wide calls of `Fleet`: its
+containers' resource use, its stack's log. Operations reach a node's engine
 through here and `Fleet`, never through a client of their own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from python_on_whales import Container, Image
+from python_on_whales import Container
 from python_on_whales.components.container.cli_wrapper import ContainerStats
 
 from generator.config import Node
 from generator.nodes.fleet import Fleet
-
-
-def image(fleet: Fleet, node: Node, ref: str) -> Image:
-    """The image `ref` as `node`'s engine holds it (its ID and repository digests)."""
-    return fleet.docker[node.name].image.inspect(ref)
 
 
 def stats(fleet: Fleet, node: Node, running: list[Container]) -> list[ContainerStats]:

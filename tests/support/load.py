@@ -36,13 +36,12 @@ class Load:
     stop: threading.Event = field(default_factory=threading.Event)
     sent: list[int] = field(default_factory=list)  # requests sent, per client: every one is done
     timeout: float = REQUEST_TIMEOUT  # seconds a request may wait for its answer
-    streamed_share: int = 2  # every n-th request is streamed (1: all; 0: none)
     max_tokens: int = 8
 
     def run(self, client: int) -> None:
         sent = 0
         while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
-            streamed = bool(self.streamed_share) and (client + sent) % self.streamed_share == 0
+            streamed = (client + sent) % 2 == 0
             start = time.monotonic()
             self.sent[client] += 1
             try:
