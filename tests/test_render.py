@@ -219,7 +219,7 @@ def test_ray_stack_orders_and_addresses_every_node(tmp_path: Path) -> None:
         "--gpu-memory-utilization",
         "0.85",
         "--port",
-        "28000",  # behind the front door, which takes 8000
+        "8400",  # behind the front door, which takes 8000
         "--host",
     ]
     assert "--expect" in head["ray"]["healthcheck"]["test"]

@@ -11,7 +11,11 @@ from generator.cli.app import ConfigArg, OutdirOpt, app, err, out, progress
 from generator.nodes import keys as store
 from generator.operations import doorkeys
 
-keys = typer.Typer(help="The front door's keys, one per user.", no_args_is_help=True)
+keys = typer.Typer(
+    help="The front door's keys, one per user: add, revoke, ls.",
+    epilog="Example: vllm-compose keys add cluster.yaml alice",
+    no_args_is_help=True,
+)
 app.add_typer(keys, name="keys")
 NameArg = Annotated[str, typer.Argument(help="Whose key: a name.", show_default=False)]
 

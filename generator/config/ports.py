@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 SLOTS = 100
 WORKER_PORTS = 99  # Ray worker processes per node and cluster: 10002 + 99 * slot onwards
+BEHIND_DOOR = 8400  # vLLM on loopback behind the front door: 8400 + slot (clear of 8000 + slot)
 
 
 def slot(c: Cluster) -> int:
@@ -24,7 +25,7 @@ def slot(c: Cluster) -> int:
 def vllm(c: Cluster) -> int:
     """Where vLLM itself listens on the head: behind the front door, a loopback port of the
     slot (clients use `vllm.port`, the front door's); without it, `vllm.port`."""
-    return 28000 + slot(c) if c.front_door.enabled else c.vllm.port
+    return BEHIND_DOOR + slot(c) if c.front_door.enabled else c.vllm.port
 
 
 def ray_gcs(c: Cluster) -> int:

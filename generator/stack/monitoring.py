@@ -88,11 +88,12 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
             )
         )
     if stack.is_head:
-        found.append(_prometheus(m, str(m.listen or ip)))
+        found.append(_prometheus(m, str(m.listen or ip), keyed=not c.front_door.enabled))
     return found
 
 
-def _prometheus(m: Metrics, listen: str) -> Sidecar:
+def _prometheus(m: Metrics, listen: str, keyed: bool) -> Sidecar:
+    """Prometheus; `keyed`: it sends the API key to vLLM (none behind the front door)."""
     return Sidecar(
         "prometheus",
         m.prometheus_image,
@@ -105,7 +106,7 @@ def _prometheus(m: Metrics, listen: str) -> Sidecar:
         # The API key's file is root's (mode 0600, mounted by Compose as it is on the node).
         user="0",
         volumes=[f"{PROMETHEUS_DATA}:/prometheus"],
-        secrets=["api_key"],
+        secrets=["api_key"] if keyed else [],
         configs=[(PROMETHEUS_CONFIG, PROMETHEUS_FILE)],
     )
 
