@@ -20,33 +20,24 @@ app.add_typer(keys, name="keys")
 NameArg = Annotated[str, typer.Argument(help="Whose key: a name.", show_default=False)]
 
 
-@keys.command("add")
+@keys.command("add", epilog="Example: vllm-compose keys add cluster.yaml alice")
 def add(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
-    """Make a key for NAME, show it once, and let it in at the front door within seconds.
-
-    Example: vllm-compose keys add cluster.yaml alice
-    """
+    """Make a key for NAME, show it once, and let it in at the front door within seconds."""
     key = store.add(path, name)
     out.print(key)
     _pushed(path, outdir, f"{name}'s key")
 
 
-@keys.command("revoke")
+@keys.command("revoke", epilog="Example: vllm-compose keys revoke cluster.yaml alice")
 def revoke(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
-    """Refuse NAME's key at the front door within seconds; the others stay valid.
-
-    Example: vllm-compose keys revoke cluster.yaml alice
-    """
+    """Refuse NAME's key at the front door within seconds; the others stay valid."""
     store.revoke(path, name)
     _pushed(path, outdir, f"{name}'s key revoked")
 
 
-@keys.command("ls")
+@keys.command("ls", epilog="Example: vllm-compose keys ls cluster.yaml")
 def ls(path: ConfigArg) -> None:
-    """The keys' names and when each was made (never a key).
-
-    Example: vllm-compose keys ls cluster.yaml
-    """
+    """The keys' names and when each was made (never a key)."""
     for name, entry in sorted(store.read(path).items()):
         out.print(f"{name}\t{entry.created}")
 
