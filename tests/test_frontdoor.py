@@ -28,7 +28,7 @@ ROUTES = [
     frontdoor.Route("tiny", "cluster-a", f"127.0.0.1:{UPSTREAMS[0]}"),
     frontdoor.Route("other", "cluster-b", f"127.0.0.1:{UPSTREAMS[1]}"),
 ]
-KEY = "sk-alice"
+KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
 
@@ -65,7 +65,12 @@ def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
     ]:
         text = text.replace(path, str(folder / name))  # fmt: skip
     (folder / "keys.map").write_text(
-        frontdoor.keys_map({"alice": hashlib.sha256(KEY.encode()).hexdigest()})
+        frontdoor.keys_map(
+            {
+                "alice": hashlib.sha256(KEY.encode()).hexdigest(),
+                frontdoor.ADMIN: hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
+            }
+        )
     )
     (folder / "models.map").write_text(frontdoor.models_map(ROUTES))
     (folder / "models.json").write_text(frontdoor.model_list(ROUTES))
@@ -162,13 +167,16 @@ def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
 
 
 @pytest.mark.parametrize("door", [(3, frontdoor.Limits(3, 0))], indirect=True)
-def test_past_its_requests_per_minute_a_key_gets_429(door: None) -> None:
+def test_past_its_requests_per_minute_a_key_gets_429_and_the_admin_key_has_no_limit(
+    door: None,
+) -> None:
     server = upstream(UPSTREAMS[0])
     try:
         assert [chat("tiny")[0] for _ in range(3)] == [200, 200, 200]
         status, said, headers = chat("tiny")
         assert status == 429 and said["error"]["code"] == "rate_limit_exceeded"
         assert headers["retry-after"] == "60"
+        assert [chat("tiny", ADMIN_KEY)[0] for _ in range(5)] == [200] * 5
     finally:
         server.shutdown()
         server.server_close()

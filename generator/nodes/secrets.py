@@ -81,7 +81,7 @@ def _door_keys(config: Path, found: Local, generate: bool) -> None:
         (found.files if path.exists() else found.missing)[DOOR_KEYS] = path
         return
     digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
-    text = frontdoor.keys_map(keys.hashes(config) | {keys.ADMIN: digest})
+    text = frontdoor.keys_map(keys.hashes(config) | {frontdoor.ADMIN: digest})
     if not path.exists() or path.read_text(encoding="utf-8") != text:
         write_atomic(path, text, 0o600)
     found.files[DOOR_KEYS] = path

@@ -3,7 +3,7 @@
 - Who: a client's bearer key is hashed (SHA-256) and looked up in the keys' map, hash -> name;
   only hashes are on the node. An unknown key gets 401 in OpenAI's error shape.
 - Limits: per key name, requests per minute and requests at once (HAProxy's stick table; 429
-  with Retry-After past them).
+  with Retry-After past them). The admin key (the config's API key) has none.
 - Where: the request's `model` (its JSON body, buffered whole) picks the backend through the
   models' map, model -> backend; an unknown model gets OpenAI's 404; `/v1/models` answers from
   the models' list file.
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from generator.config import Cluster
     from generator.stack import NodeStack
 
+ADMIN = "admin"  # the config's API key's name in the keys' map: no limits
 BUFSIZE = 1 << 20  # a request up to 1 MiB is buffered whole: held, sent again and routed
 MAXCONN = 1000
 RETRY_AFTER = 10  # seconds a client is told to wait after a held request's deadline
@@ -138,7 +139,7 @@ def _frontend(port: int, limits: Limits, own: str) -> list[str]:
 def _too_many(condition: str, retry_after: int) -> str:
     return (
         f"    http-request return status 429 content-type application/json string {TOO_MANY}"
-        f" hdr Retry-After {retry_after} if {{ {condition} }}"
+        f" hdr Retry-After {retry_after} if {{ {condition} }} !{{ var(txn.key) -m str {ADMIN} }}"
     )
 
 
