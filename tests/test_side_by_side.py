@@ -136,6 +136,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
     assert list(seen["small"]["nodes"]) == ["spark2"]
     assert seen["small"]["endpoint"] == f"http://{two.ip}:8001/v1"
+    assert seen["small"]["front_door"] and seen["big"]["front_door"]  # each its own, on its head
     for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
         health = seen[name]["health"]
         assert health == "running" or health.endswith("serve running, starting"), health
