@@ -23,17 +23,15 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     """Four emulated nodes with their own engines, the Ray stand-in image, the front door's
-    and the stand-in's model folder on each."""
+    (tests/support/testbed.py) and the stand-in's model folder on each."""
     from python_on_whales import DockerClient
 
     from tests.support import clusters, images
     from tests.support.testbed import running
 
     image = images.standin_base(DockerClient())
-    door = images.haproxy_image(DockerClient())
     with running(4) as bed:
         bed.load_image(image)
-        bed.load_image(door)  # the front door's (any node can be a head)
         clusters.place_standin_model(bed)
         yield bed
 
