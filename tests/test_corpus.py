@@ -409,6 +409,7 @@ def probe_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         f"model: {{path: {model}}}\n"
         f"vllm: {{args: {json.dumps(HOSTILE)}}}\n"
         f"env: {json.dumps({f'V{i}': v for i, v in enumerate(HOSTILE)})}\n"
+        "front_door: {enabled: false}\n"  # serve alone: it binds nothing on this machine
     )
     rendered = cli("render", config, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr

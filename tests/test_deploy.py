@@ -289,7 +289,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
     """Ray 2.58 binds its GCS and node ports to every address, --node-ip-address or not. With an
     "external" address on the head: no dashboard and no client port on a wildcard address, only
     Ray's own processes (with its dashboard extra, also the head's two metrics servers, at the
-    slot's ports) and the key-protected API on wildcard addresses, and the GCS on the external
+    slot's ports) and the front door (keys checked) on wildcard addresses, and the GCS on the external
     address refuses a client without the cluster's token. Each node's metrics export stays off."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
@@ -307,8 +307,9 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
                 assert address in ("0.0.0.0", "*"), f"{node.name}: {process} on {address}:{port}"
                 ray_own = process in ("gcs_server", "raylet") or process.startswith("ray::")
                 ray_own |= node is head and port in (44217, 44227)  # Ray's metrics servers
-                driver = node is head and process == "vllm"  # the API (key) and Ray's core worker
-                assert ray_own or driver, f"{node.name}: {process} on {address}:{port}"
+                driver = node is head and process == "vllm"  # Ray's core worker in vLLM's driver
+                door = node is head and process == "haproxy" and port == 30000  # keys checked
+                assert ray_own or driver or door, f"{node.name}: {process} on {address}:{port}"
         gcs = ["vllm-compose-health", "nodes", "--address", "198.51.100.2:6379"]
         ray = containers(head, "ports")["ray"]
         with_token = head.docker.container.execute(ray, gcs)

@@ -52,7 +52,7 @@ def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_cle
     assert all("node 'spark2'" in line and "does not answer" in line for line in failed)
     headline = "watch: gave up after 2 recoveries in a row; last problem: spark2: engine does not"
     gave_up = next(i for i, line in enumerate(watcher.lines) if line.startswith(headline))
-    assert watcher.lines[gave_up + 1] == "  spark1: removed, volumes kept"
+    assert watcher.lines[gave_up + 1] == "  spark1: removed, the front door kept, volumes kept"
     assert watcher.lines[gave_up + 2].startswith("  spark2: failed: ")
     # The cause outlives the containers: each recreate and the give-up saved the logs first, and
     # the head's /tmp (Ray's session logs) stays until `down`.

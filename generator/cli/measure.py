@@ -33,6 +33,7 @@ PROMPTS = "Requests per concurrency."
 PREFIX = "Prompts that share prefixes: the prefix cache's hit rate, from vLLM's counters."
 REPEAT = "Runs per concurrency: the median and the spread."
 OUTPUT = "Generated tokens per request \\[default: 128, or a quarter of the context]."
+COMPARE = "Against the latest run under the lock before."
 DIRECT = "vLLM itself, past the front door (its cost: run once with, once without)."
 
 
@@ -49,9 +50,7 @@ def bench(
     output_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=OUTPUT)] = None,
     repeat: Annotated[int, typer.Option(min=1, max=20, help=REPEAT)] = 1,
     prefix: Annotated[bool, typer.Option("--prefix", help=PREFIX)] = False,
-    compare: Annotated[
-        bool, typer.Option("--compare", help="Against the latest run under the lock before.")
-    ] = False,
+    compare: Annotated[bool, typer.Option("--compare", help=COMPARE)] = False,
     direct: Annotated[bool, typer.Option("--direct", help=DIRECT)] = False,
     as_json: JsonOpt = False,
 ) -> None:

@@ -18,7 +18,7 @@ def group_down(
 ) -> dict[str, str]:
     """Like Fleet.down without volumes, but the front door stays: every other service of each
     node (or those given) stopped (`stop`: seconds after SIGTERM) and removed, all nodes at once;
-    node -> 'removed' or why it is not clean."""
+    node -> 'removed' ('removed, the front door kept' on the head) or why it is not clean."""
 
     def one(node: Node) -> Callable[[], object]:
         stack = fleet.stacks[node.name]
@@ -34,8 +34,13 @@ def group_down(
 
     chosen = fleet.cluster.nodes if nodes is None else nodes
     outcome = each({n.name: one(n) for n in chosen}, DOWN_TIMEOUT)
+    kept = fleet.head.name if fleet.cluster.front_door.enabled else None
     return {
-        name: f"failed: {reason(found)}" if isinstance(found, BaseException) else "removed"
+        name: f"failed: {reason(found)}"
+        if isinstance(found, BaseException)
+        else "removed, the front door kept"
+        if name == kept
+        else "removed"
         for name, found in outcome.items()
     }
 

@@ -1,9 +1,9 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> every node's Ray and the head's serve, all at once (native: the
-    headless ranks, then serve), ready at its first real completion. A start phase that fails
-    is named at once, then takes the group down again (unless kept for inspection).
+    -> secrets -> preflight -> the front door -> every node's Ray and the head's serve, all at
+    once (native: the headless ranks, then serve), ready at its first real completion. A start
+    phase that fails is named at once, then takes the group down (unless kept for inspection).
 watch (operations/watch.py decides when): `problems` checks the running group, `recreate` takes
     it down in order and runs `up` again.
 """
@@ -61,12 +61,15 @@ class Deployment:
     seen: survey.Seen | None = None
     follower: events.Follower | None = None  # while `watch` follows the nodes' events
 
-    def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
-        """A start phase that fails takes the whole group down again (a half-started group
-        serves nothing and holds ports), unless `keep_on_failure`; the error names the cause."""
+    def up(
+        self, checks: bool = True, keep_on_failure: bool = False, door_stays: bool = False
+    ) -> Result:
+        """A start phase that fails takes the whole group down again (a half-started group serves
+        nothing and holds ports), and the front door unless `door_stays` (watch's recreate: it
+        holds requests for the next try), unless `keep_on_failure`; the error names the cause."""
         result = Result()
         self.stage(result, checks)
-        self.start(result, keep_on_failure)
+        self.start(result, keep_on_failure, door_stays)
         return result
 
     def stage(self, result: Result, checks: bool = True) -> None:
@@ -97,9 +100,10 @@ class Deployment:
                 fleet.drop_volumes_since(before)
                 raise
 
-    def start(self, result: Result, keep_on_failure: bool = False) -> None:
+    def start(self, result: Result, keep_on_failure: bool = False, door_stays: bool = True) -> None:
         """The group's services in order, ready at its first real completion; on failure its
-        logs saved and the group taken down again, unless `keep_on_failure`."""
+        logs saved and the group taken down again (the front door kept when `door_stays`: an
+        upgrade's old group starts again behind it), unless `keep_on_failure`."""
         fleet = self.fleet
         try:
             self._start(result)
@@ -107,21 +111,24 @@ class Deployment:
             fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
                 start: dict[str, object] = {"phases": dict(result.phases), "failed": reason(e)}
-                self.take_down("rolling back", "rolled back", start)
+                self.take_down("rolling back", "rolled back", start, door_stays)
             raise
         c = fleet.cluster
         result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
         evidence.last_start(self.logs, {"phases": dict(result.phases)})
 
-    def take_down(self, doing: str, done: str, start: dict[str, object] | None = None) -> None:
+    def take_down(
+        self, doing: str, done: str, start: dict[str, object] | None = None, door_stays: bool = True
+    ) -> None:
         """The group's diagnostics bundle saved (with `start`: how its start went), then its
-        containers removed on every node (volumes kept: the compile caches, and the head's /tmp
-        with Ray's session logs)."""
+        containers removed on every node, the front door's too unless `door_stays` (volumes
+        kept: the compile caches, and the head's /tmp with Ray's session logs)."""
         if start is not None:
             evidence.last_start(self.logs, start)
         evidence.write_bundle(self.fleet, self.logs, doing)
         self.fleet.report(f"{doing}: taking the group down on every node")
-        for node, outcome in door.group_down(self.fleet).items():
+        gone = door.group_down(self.fleet) if door_stays else self.fleet.down(volumes=False)
+        for node, outcome in gone.items():
             self.fleet.report(f"{done} on {node}: {outcome}")
 
     def _images(self) -> dict[str, str]:
@@ -248,11 +255,10 @@ class Deployment:
             self.follower.drain()
 
     def down(self) -> dict[str, str]:
-        """watch giving up: the logs saved first, the containers removed, the volumes kept (the
-        head's /tmp holds Ray's session logs; `vllm-compose down` removes them)."""
+        """watch giving up: the logs saved first, the containers removed, the volumes (the head's
+        /tmp holds Ray's session logs) and the front door (it answers 503) kept until `down`."""
         evidence.write_bundle(self.fleet, self.logs, "giving up")
-        kept = door.group_down(self.fleet)
-        return {n: f"{what}, volumes and the front door kept" for n, what in kept.items()}
+        return {n: f"{what}, volumes kept" for n, what in door.group_down(self.fleet).items()}
 
     def start_again(self, services: dict[str, list[str]]) -> None:
         """Each named node's services started again as they were (Compose creates a removed
@@ -274,9 +280,9 @@ class Deployment:
             fleet.report(f"recreate: {head.name}: serve not removed: {reason(serve)}")
         for step in (fleet.cluster.workers, [head]):
             for node, what in door.group_down(fleet, step).items():
-                if what != "removed":
+                if not what.startswith("removed"):
                     fleet.report(f"recreate: {node}: {what}")
-        return self.up()
+        return self.up(door_stays=True)
 
 
 def refuse_same_name(fleet: Fleet, seen: dict[str, list[claims.Claim]] | None = None) -> None:
