@@ -23,7 +23,8 @@ import pytest
 
 from generator.stack import frontdoor
 
-PORT, UPSTREAMS = 38109, (38110, 38111)
+# Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
+PORT, UPSTREAMS = 31109, (31110, 31111)
 ROUTES = [
     frontdoor.Route("tiny", "cluster-a", f"127.0.0.1:{UPSTREAMS[0]}"),
     frontdoor.Route("other", "cluster-b", f"127.0.0.1:{UPSTREAMS[1]}"),
