@@ -180,12 +180,17 @@ def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:
     assert containers(worker, "change")["ray"].id == worker_before
 
 
-def test_a_rotated_api_key_is_applied_by_up(stack: Pair) -> None:
-    """A new key in the file: the next `up` restarts serve alone with it; the old key is refused
-    from then on. Written onto the nodes by another command first (`secrets`), it is still seen."""
+@pytest.mark.parametrize("door", [True, False], ids=["front-door", "no-door"])
+def test_a_rotated_api_key_is_applied_by_up(stack: Pair, door: bool) -> None:
+    """A new key in the file, written onto the nodes by another command first (`secrets`): the
+    next `up` applies it and the old key is refused from then on. Behind the front door, the door
+    reads its keys again and nothing restarts; without it, serve alone restarts with the key."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
-    config = write_config(tmp / "c.yaml", "rotate", [head, worker])
+    off = "" if door else "enabled: false"
+    config = clusters.write_config(
+        tmp / "c.yaml", "rotate", [head, worker], images.STANDIN, door=off
+    )
     assert cli("up", config, cwd=tmp).returncode == 0
     url = "http://192.168.200.12:30000/v1/completions"
     old = clusters.api_key(config)
@@ -195,10 +200,14 @@ def test_a_rotated_api_key_is_applied_by_up(stack: Pair) -> None:
     assert cli("secrets", config, cwd=tmp).returncode == 0
     again = cli("up", config, cwd=tmp)
     assert again.returncode == 0, again.stderr
-    said = "secrets: spark1: api_key changed since serve started; it restarts with it"
-    assert said in again.stderr
     after = {s: c.id for s, c in containers(head, "rotate").items()}
-    assert after["ray"] == before["ray"] and after["serve"] != before["serve"]
+    if door:
+        assert "secrets: spark1: the front door reads its keys again" in again.stderr
+        assert "restarts" not in again.stderr and after == before
+    else:
+        said = "secrets: spark1: api_key changed since serve started; it restarts with it"
+        assert said in again.stderr
+        assert after["ray"] == before["ray"] and after["serve"] != before["serve"]
     assert completion_from(worker, url, config)["choices"]
     auth = f"Authorization: Bearer {old}"
     status = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-d", "{}"]

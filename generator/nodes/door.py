@@ -50,3 +50,11 @@ def reload(fleet: Fleet) -> None:
     finishing what it holds (nothing in flight is dropped)."""
     for container in fleet.docker[fleet.head.name].compose.ps(services=[NAME]):
         fleet.docker[fleet.head.name].container.kill(container, signal="USR2")
+
+
+def renewed(fleet: Fleet) -> None:
+    """After the secrets were written (a rotated API key is the admin key's new hash): the front
+    door, when it runs, reads its keys again."""
+    if fleet.cluster.front_door.enabled and fleet.running(fleet.head, NAME):
+        reload(fleet)
+        fleet.report(f"secrets: {fleet.head.name}: the front door reads its keys again")

@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from python_on_whales import DockerClient, DockerException
@@ -30,6 +31,9 @@ from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
 from generator.stack.output import write_atomic
 
 DOOR_KEYS = "front_door_keys"  # the only secret made from another, not read from a file
+# Read by their containers each time they are used, so written in place (a bind-mounted file's
+# new inode would stay unseen): behind the front door, neither restarts a service.
+IN_PLACE = (DOOR_KEYS, "api_key")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,14 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     if DOOR_KEYS in secret_names(cluster):
         _door_keys(config, found, generate)
     return found
+
+
+def newer(names: list[str], started: datetime, changed: dict[str, float], door: bool) -> list[str]:
+    """Of a service's secrets, those changed on its node since it started (`changed`: name ->
+    time of last change) that it reads at its start only (behind the front `door`, IN_PLACE
+    ones are read when used)."""
+    live = IN_PLACE if door else ()
+    return [n for n in names if n not in live and started.timestamp() < changed.get(n, 0)]
 
 
 def _door_keys(config: Path, found: Local, generate: bool) -> None:
@@ -197,9 +209,9 @@ def push(
     for name in files:
         new, old = f"/s/{partial[name]}", f"/s/{SECRET_NAMES[name]}"
         # Only the name and a time are printed, never the contents. Without cmp: changed.
-        # The front door's keys in place: its running container has the file bind-mounted
-        # (a new inode would stay unseen) and reads it again on a reload (nodes/door.py).
-        put = f"cat {new} > {old} && rm -f {new}" if name == DOOR_KEYS else f"mv {new} {old}"
+        # IN_PLACE: the front door reads its keys again on a reload (nodes/door.py), bench
+        # reads the API key when it runs.
+        put = f"cat {new} > {old} && rm -f {new}" if name in IN_PLACE else f"mv {new} {old}"
         script += f" && {{ if [ -e {old} ] && cmp -s {new} {old}; then rm -f {new};"
         script += f" else {put} && touch {old}; fi; }}"
         script += f' && echo "changed:{name}:$(stat -c %Y {old})"'

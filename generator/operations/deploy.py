@@ -22,7 +22,7 @@ from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each, parallel
 from generator.config import Node, ports
-from generator.nodes import door, events, survey
+from generator.nodes import door, events, secrets, survey
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
 from generator.nodes.hardware import Reading
 from generator.operations import evidence, lock, observe, preflight, readiness
@@ -140,9 +140,10 @@ class Deployment:
     def _secrets(self, ours: set[str]) -> None:
         """The secret files onto the nodes. A running service started before one of its secrets
         last changed on its node (a rotated key, whichever command wrote it there) is removed:
-        the start below recreates it with the new one. `ours`: the nodes where this stack has
-        containers (no other node has a service to restart)."""
+        the start below recreates it with the new one; the front door reads its keys again.
+        `ours`: the nodes where this stack has containers (no other has a service to restart)."""
         changed = self.fleet.push_secrets()
+        door.renewed(self.fleet)
 
         def stale(node: Node) -> Callable[[], None]:
             def run() -> None:
@@ -151,8 +152,8 @@ class Deployment:
                     state = states.get(service.name)
                     if not (state and state.running and state.started_at):
                         continue
-                    started = state.started_at.timestamp()
-                    newer = [s for s in service.secrets if started < changed_at.get(s, 0)]
+                    door_on = self.fleet.cluster.front_door.enabled
+                    newer = secrets.newer(service.secrets, state.started_at, changed_at, door_on)
                     if newer:
                         said = f"{', '.join(newer)} changed since {service.name} started"
                         self.fleet.report(f"secrets: {node.name}: {said}; it restarts with it")

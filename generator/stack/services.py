@@ -110,6 +110,11 @@ def _ray_health(test: list[str]) -> Health:
     return Health(test, start_period=300, interval=15)
 
 
+def _serve_secrets(stack: NodeStack) -> list[str]:
+    """Every secret but the front door's keys' map (the door alone reads it)."""
+    return [name for name in stack.secrets if name != "front_door_keys"]
+
+
 def _ray_secrets(stack: NodeStack) -> list[str]:
     return ["ray_token"] if "ray_token" in stack.secrets else []
 
@@ -136,7 +141,7 @@ def _serve(stack: NodeStack) -> Service:
             **group(stack, members=True),
             **canary(stack),
         },
-        secrets=list(stack.secrets),
+        secrets=_serve_secrets(stack),
         configs=stack.config_targets,
     )
 
@@ -148,7 +153,7 @@ def _native_serve(stack: NodeStack) -> Service:
     c = stack.cluster
     cmd = [*_vllm_serve(stack), "--nnodes", str(len(c.nodes)), "--node-rank", str(_rank(stack))]
     cmd += ["--master-addr", str(c.head.ip), "--master-port", str(ports.master(c))]
-    secrets = list(stack.secrets)
+    secrets = _serve_secrets(stack)
     env = group(stack, listen=True, members=True)
     if stack.is_head:
         return Service(
