@@ -37,8 +37,9 @@ if [ "${VLLM_COMPOSE_WAIT_FOR:-}" != "" ] && [ "$in_group" = "" ]; then
     vllm-compose-health wait-for "$VLLM_COMPOSE_WAIT_FOR" --seconds "$seconds"
 fi
 # The API key arrives as a file (Compose secret), never in argv or the container's configured env:
-# vLLM reads VLLM_API_KEY from the environment of this process only.
-if [ -r /run/secrets/api_key ]; then
+# vLLM reads VLLM_API_KEY from the environment of this process only. Behind the front door vLLM
+# listens on loopback and takes no key: the door checks every client's.
+if [ -r /run/secrets/api_key ] && [ -z "${VLLM_COMPOSE_FRONT_DOOR:-}" ]; then
     VLLM_API_KEY="$(cat /run/secrets/api_key)"
     export VLLM_API_KEY
 fi

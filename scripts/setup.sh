@@ -46,6 +46,8 @@ command -v ssh >/dev/null || need_debs+=(openssh-client)
 command -v make >/dev/null || need_debs+=(make)
 command -v nc >/dev/null || need_debs+=(netcat-openbsd)  # the model-sync benchmark's baseline
 command -v tmux >/dev/null || need_debs+=(tmux)  # the test of `top`'s live view
+# The front door's configuration, tested with the real HAProxy (tests/test_frontdoor.py).
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_debs+=(haproxy)
 [ ${#need_debs[@]} -eq 0 ] || apt_install "${need_debs[@]}"
 python_part
 

@@ -22,8 +22,8 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
-    """Four emulated nodes with their own engines, the Ray stand-in image and its model folder
-    on each."""
+    """Four emulated nodes with their own engines, the Ray stand-in image, the front door's
+    (tests/support/testbed.py) and the stand-in's model folder on each."""
     from python_on_whales import DockerClient
 
     from tests.support import clusters, images

@@ -5,6 +5,7 @@ against the served tiny model is in test_e2e.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sys
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from generator.base.errors import OptionError, VllmComposeError
 from generator.cli import measure
+from generator.config import ports
 from generator.operations import bench, benchruns
 from tests.test_preflight import SAMPLE
 
@@ -77,6 +79,15 @@ def test_the_key_is_read_from_the_secret_file_inside_never_on_a_command_line() -
     assert argv[2].startswith('OPENAI_API_KEY="$(cat /run/secrets/api_key)" vllm bench serve ')
     assert "--max-concurrency 4 " in argv[2] and "--num-prompts 8 " in argv[2]
     assert f"--tokenizer {SAMPLE.model.path} " in argv[2]
+
+
+def test_bench_goes_through_the_front_door_unless_direct() -> None:
+    fleet = types.SimpleNamespace(cluster=SAMPLE)
+    door = bench.command(fleet, SWEEP, 1)[2]  # type: ignore[arg-type]
+    direct = bench.command(fleet, dataclasses.replace(SWEEP, direct=True), 1)[2]  # type: ignore[arg-type]
+    assert f"--base-url http://127.0.0.1:{SAMPLE.vllm.port} " in door
+    assert f"--base-url http://127.0.0.1:{ports.vllm(SAMPLE)} " in direct
+    assert ports.vllm(SAMPLE) != SAMPLE.vllm.port
 
 
 def test_the_default_lengths_fit_the_models_context_and_a_sweep_that_cannot_is_refused() -> None:
@@ -149,6 +160,8 @@ def test_a_run_is_kept_per_lock_with_a_plot_and_compared_with_the_lock_before(
     assert (width, height) == (600, 400)
     moved = first.parent.with_name("0123456789ab")  # as a run under another lock would be
     first.parent.rename(moved)
+    with pytest.raises(VllmComposeError, match="no run without failed requests"):
+        benchruns.previous(config, None, direct=True)  # that run went through the front door
     before = benchruns.previous(config, None)
     now = [result(1, 55.0, 30.0), result(16, 300.0, 90.0)]
     assert benchruns.changes(before["results"], now) == [

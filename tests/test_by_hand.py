@@ -115,6 +115,12 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     done(compose(head, folders / "spark1", "up", "-d"))
     assert answered(worker, folders / "spark1")["usage"]["completion_tokens"] == 4
     assert "(healthy)" in listed_healthy(head, folders / "spark1")
+    # That answer came through the front door, which the folder starts too: vLLM itself listens
+    # on the head's loopback only.
+    assert "byhand-front-door-1" in done(compose(head, folders / "spark1", "ps"))
+    behind = worker.nsexec("curl", "-s", "-m", "5", "http://192.168.200.12:8400/v1/models",
+                           check=False)  # fmt: skip
+    assert behind.returncode == 7, behind  # curl: could not connect
     down(head, worker, folders, backend)
 
     # The folders copied elsewhere, the originals and the config's files gone: nothing in them

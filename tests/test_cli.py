@@ -184,7 +184,7 @@ def test_the_command_list_gives_each_command_one_line_its_first_sentence() -> No
         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
     )  # fmt: skip
     box = [line for line in listed.stdout.split("Commands")[1].splitlines() if "│" in line]
-    assert len(box) == len(app.registered_commands), listed.stdout
+    assert len(box) == len(app.registered_commands) + len(app.registered_groups), listed.stdout
     assert any(
         "│ upgrade     Move the serving group to the changed config. " in line for line in box
     )
@@ -206,6 +206,9 @@ def test_every_command_has_an_example_that_names_only_its_own_options() -> None:
         assert words[:2] == ["vllm-compose", name], command.epilog
         options = {o for p in command.params for o in p.opts}
         assert {w for w in words if w.startswith("-")} <= options, command.epilog
+        for sub, inner in getattr(command, "commands", {}).items():  # a group's: `keys add`
+            said = (inner.epilog or "").removeprefix("Example: ").split()
+            assert said[:3] == ["vllm-compose", name, sub], inner.epilog
     shown = run("logs", "--help").stdout
     assert "Example: vllm-compose logs cluster.yaml --node spark-2 --follow" in shown
 

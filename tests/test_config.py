@@ -106,7 +106,8 @@ BROKEN = [
         BASE + "colour: red\n",
         [
             "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
-            " nodes, model, vllm, ray, group, canary, gpu_temperature_limit, env, metrics, secrets)"
+            " nodes, model, vllm, ray, group, canary, gpu_temperature_limit, env, front_door,"
+            " metrics, secrets)"
         ],
     ),
     (

@@ -70,7 +70,7 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_starts_with_ray_and_w
     assert answer["ray_nodes"] == [head.ip, worker.ip]
 
     on_head, on_worker = containers(head, "pair"), containers(worker, "pair")
-    assert set(on_head) == {"ray", "serve"} and set(on_worker) == {"ray"}
+    assert set(on_head) == {"front-door", "ray", "serve"} and set(on_worker) == {"ray"}
     head_ray, serve, worker_ray = on_head["ray"], on_head["serve"], on_worker["ray"]
     started = serve.state.started_at, head_ray.state.started_at
     assert started[0] and started[1]
@@ -83,6 +83,7 @@ def test_two_nodes_form_the_cluster_at_their_ips_and_serve_starts_with_ray_and_w
         ("spark2", True),
     ]
     assert {s["service"]: s["health"] for s in status[0]["services"]} == {
+        "front-door": None,  # no check of its own: it is up when it runs
         "ray": "healthy",
         "serve": "healthy",
     }
@@ -179,12 +180,17 @@ def test_a_changed_config_recreates_only_what_changed(stack: Pair) -> None:
     assert containers(worker, "change")["ray"].id == worker_before
 
 
-def test_a_rotated_api_key_is_applied_by_up(stack: Pair) -> None:
-    """A new key in the file: the next `up` restarts serve alone with it; the old key is refused
-    from then on. Written onto the nodes by another command first (`secrets`), it is still seen."""
+@pytest.mark.parametrize("door", [True, False], ids=["front-door", "no-door"])
+def test_a_rotated_api_key_is_applied_by_up(stack: Pair, door: bool) -> None:
+    """A new key in the file, written onto the nodes by another command first (`secrets`): the
+    next `up` applies it and the old key is refused from then on. Behind the front door, the door
+    reads its keys again and nothing restarts; without it, serve alone restarts with the key."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
-    config = write_config(tmp / "c.yaml", "rotate", [head, worker])
+    off = "" if door else "enabled: false"
+    config = clusters.write_config(
+        tmp / "c.yaml", "rotate", [head, worker], images.STANDIN, door=off
+    )
     assert cli("up", config, cwd=tmp).returncode == 0
     url = "http://192.168.200.12:30000/v1/completions"
     old = clusters.api_key(config)
@@ -194,10 +200,14 @@ def test_a_rotated_api_key_is_applied_by_up(stack: Pair) -> None:
     assert cli("secrets", config, cwd=tmp).returncode == 0
     again = cli("up", config, cwd=tmp)
     assert again.returncode == 0, again.stderr
-    said = "secrets: spark1: api_key changed since serve started; it restarts with it"
-    assert said in again.stderr
     after = {s: c.id for s, c in containers(head, "rotate").items()}
-    assert after["ray"] == before["ray"] and after["serve"] != before["serve"]
+    if door:
+        assert "secrets: spark1: the front door reads its keys again" in again.stderr
+        assert "restarts" not in again.stderr and after == before
+    else:
+        said = "secrets: spark1: api_key changed since serve started; it restarts with it"
+        assert said in again.stderr
+        assert after["ray"] == before["ray"] and after["serve"] != before["serve"]
     assert completion_from(worker, url, config)["choices"]
     auth = f"Authorization: Bearer {old}"
     status = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-d", "{}"]
@@ -288,7 +298,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
     """Ray 2.58 binds its GCS and node ports to every address, --node-ip-address or not. With an
     "external" address on the head: no dashboard and no client port on a wildcard address, only
     Ray's own processes (with its dashboard extra, also the head's two metrics servers, at the
-    slot's ports) and the key-protected API on wildcard addresses, and the GCS on the external
+    slot's ports) and the front door (keys checked) on wildcard addresses, and the GCS on the external
     address refuses a client without the cluster's token. Each node's metrics export stays off."""
     bed, tmp = stack
     head, worker = bed.nodes[:2]
@@ -306,8 +316,9 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
                 assert address in ("0.0.0.0", "*"), f"{node.name}: {process} on {address}:{port}"
                 ray_own = process in ("gcs_server", "raylet") or process.startswith("ray::")
                 ray_own |= node is head and port in (44217, 44227)  # Ray's metrics servers
-                driver = node is head and process == "vllm"  # the API (key) and Ray's core worker
-                assert ray_own or driver, f"{node.name}: {process} on {address}:{port}"
+                driver = node is head and process == "vllm"  # Ray's core worker in vLLM's driver
+                door = node is head and process == "haproxy" and port == 30000  # keys checked
+                assert ray_own or driver or door, f"{node.name}: {process} on {address}:{port}"
         gcs = ["vllm-compose-health", "nodes", "--address", "198.51.100.2:6379"]
         ray = containers(head, "ports")["ray"]
         with_token = head.docker.container.execute(ray, gcs)

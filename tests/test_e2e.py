@@ -23,7 +23,7 @@ from python_on_whales import DockerClient, DockerException
 
 from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
-from tests.support.load import REQUEST_TIMEOUT, Load
+from tests.support.load import Load
 from tests.support.testbed import IFNAME, MODELS, Node, Testbed
 
 pytestmark = pytest.mark.testbed
@@ -53,6 +53,7 @@ def config(
     vllm: str = VLLM,
     extra: str = "",
     interfaces: list[str] | None = None,
+    door: str = "",
 ) -> Path:
     nodes = bed.nodes[:2]
     return clusters.write_config(
@@ -65,6 +66,7 @@ def config(
         vllm=vllm,
         extra=extra,
         interfaces=interfaces,
+        door=door,
     )
 
 
@@ -73,7 +75,9 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
 ) -> None:
     bed, tmp = pair
     head, worker = bed.nodes[:2]
-    path = config(tmp, bed, "native", "native", extra=clusters.METRICS)
+    path = config(
+        tmp, bed, "native", "native", extra=clusters.METRICS, door="requests_per_minute: 3"
+    )
     # The metrics images on the head alone: `up` streams the node exporter's to the worker.
     for tag in (images.PROMETHEUS, images.NODE_EXPORTER):
         bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head])
@@ -135,6 +139,7 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     bench_against(path, tmp)
     check_against(path, tmp)
 
+    keys_at_the_door(bed, path)
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
     # The field failure, on the same group: a dead worker leaves the head up and serving nothing.
     watched_recovery(bed, path, "native", "serve")
@@ -218,6 +223,48 @@ def check_against(path: Path, tmp: Path) -> None:
     assert "check failed: golden" in changed.stderr
 
 
+def answered(node: Node, key: str) -> str:
+    """The HTTP status of one chat completion sent with `key`."""
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    said = node.nsexec("curl", "-s", "-m", "60", "-o", "/dev/null", "-w", "%{http_code}",
+                       "http://192.168.200.12:30000/v1/chat/completions", "-H",
+                       f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
+                       "-d", json.dumps(request))  # fmt: skip
+    return said.stdout
+
+
+def until(node: Node, key: str, status: str) -> float:
+    """Seconds until a request with `key` gets `status` (at most 10)."""
+    start = time.monotonic()
+    while answered(node, key) != status:
+        assert time.monotonic() - start < 10, f"no {status} in 10 s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def keys_at_the_door(bed: Testbed, path: Path) -> None:
+    """A key per user before real vLLM, under the admin key's load: alice's key made and let in,
+    past 3 requests a minute refused with 429, then revoked and refused; no request of the load
+    failed and vLLM was not started again."""
+    head, worker = bed.nodes[:2]
+    serve = clusters.containers(head, path.stem)["serve"].id
+    with under_load(path) as load:
+        added = cli("keys", "add", path, "alice", cwd=path.parent)
+        assert added.returncode == 0, added.stderr
+        alice = added.stdout.strip()
+        assert "alice's key: at the front door" in added.stderr, added.stderr
+        print(f"alice's key let in {until(worker, alice, '200'):.2f} s after `keys add` returned")
+        assert [answered(worker, alice) for _ in range(3)] == ["200", "200", "429"]
+        listed = cli("keys", "ls", path, cwd=path.parent).stdout
+        assert listed.split()[0] == "alice" and alice not in listed
+        revoked = cli("keys", "revoke", path, "alice", cwd=path.parent)
+        assert revoked.returncode == 0, revoked.stderr
+        print(f"alice's key refused {until(worker, alice, '401'):.2f} s after `keys revoke`")
+        assert answered(worker, clusters.api_key(path)) == "200"  # the admin key: no limit
+    assert load.done and not [r for r in load.done if not r.ok], load.done[-3:]
+    assert clusters.containers(head, path.stem)["serve"].id == serve
+
+
 def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> None:
     """`up --watch` on the serving group (up changes nothing), watch at its defaults, then the
     worker's `service` container killed under load: watch names it from the engine's events and
@@ -242,6 +289,8 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
             back = time.monotonic()
             watcher.wait_for("watch: ok", 120)
             answered_again(load, back)
+        # Through the front door: a request with no answer yet was held, not failed.
+        assert [r for r in load.done if not r.ok and not r.streamed] == []
         after = {n.name: clusters.containers(n, project)[service].id for n in (head, worker)}
         assert after == before  # started again, not made anew
         serve = str(head.docker.container.logs(clusters.containers(head, project)["serve"]))
@@ -470,9 +519,10 @@ def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair: Pair) -> None
 
 @contextlib.contextmanager
 def under_load(path: Path) -> Iterator[Load]:
-    """Two clients sending chat completions to the head, half streamed, for the block."""
+    """Two clients sending chat completions to the head's front door, half streamed, for the
+    block; each waits for its answer past the door's hold (120 s)."""
     url = "http://192.168.200.12:30000/v1/chat/completions"
-    with Load(url, clusters.api_key(path), MODEL).running(2) as load:
+    with Load(url, clusters.api_key(path), MODEL, timeout=150).running(2) as load:
         yield load
 
 
@@ -484,7 +534,7 @@ def answered_again(load: Load, since: float) -> None:
         time.sleep(1)
     assert load.answered_after(since), load.failed_after(since)[-3:]
     for r in load.failed_after(0):
-        assert r.error and r.end - r.start <= REQUEST_TIMEOUT + 5, r
+        assert r.error and r.end - r.start <= load.timeout + 5, r
 
 
 HOLD = """

@@ -48,7 +48,7 @@ def test_every_node_runs_its_exporters_on_its_private_ip_and_the_head_runs_prome
     for node in cluster.nodes:
         services = found[node.name]["services"]
         want = {"ray", "node-exporter", "dcgm-exporter"} | (
-            {"serve", "prometheus"} if node == cluster.head else set()
+            {"serve", "prometheus", "front-door"} if node == cluster.head else set()
         )
         assert set(services) == want, node.name
         exporter = services["node-exporter"]
@@ -67,20 +67,20 @@ def test_every_node_runs_its_exporters_on_its_private_ip_and_the_head_runs_prome
     head = found[cluster.head.name]
     prometheus = head["services"]["prometheus"]
     assert f"--web.listen-address={cluster.head.ip}:9090" in prometheus["command"]
-    assert prometheus["secrets"] == ["api_key"]
+    assert "secrets" not in prometheus  # vLLM behind the front door takes no key
     assert "prometheus-data" in head["volumes"]
 
 
-def test_prometheus_scrapes_vllm_with_the_key_and_every_exporter_by_node() -> None:
+def test_prometheus_scrapes_vllm_behind_the_door_and_every_exporter_by_node() -> None:
     cluster = config.load(CASES / "four-node-pp.yaml")
     head = four_nodes()[cluster.head.name]
     scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
     assert scraped["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s"}
     jobs = {job["job_name"]: job for job in scraped["scrape_configs"]}
     assert list(jobs) == ["vllm", "node", "ray", "dcgm"]
-    assert jobs["vllm"]["authorization"]["credentials_file"] == "/run/secrets/api_key"
+    assert "authorization" not in jobs["vllm"]
     assert jobs["vllm"]["static_configs"] == [
-        {"targets": [f"{cluster.head.ip}:8000"], "labels": {"node": cluster.head.name}}
+        {"targets": ["127.0.0.1:8400"], "labels": {"node": cluster.head.name}}
     ]
     for job, port in (("node", 9100), ("ray", 8090), ("dcgm", 9400)):
         assert jobs[job]["static_configs"] == [
@@ -90,12 +90,13 @@ def test_prometheus_scrapes_vllm_with_the_key_and_every_exporter_by_node() -> No
 
 def test_without_a_gpu_or_ray_there_is_no_dcgm_or_ray_target_and_off_means_nothing() -> None:
     found = stacks(NATIVE_CPU + "metrics: {}\n")
-    assert set(found["a"]["services"]) == {"serve", "node-exporter", "prometheus"}
+    assert set(found["a"]["services"]) == {"serve", "node-exporter", "prometheus", "front-door"}
     assert set(found["b"]["services"]) == {"serve", "node-exporter"}
     scraped = yaml.safe_load(found["a"]["configs"]["prometheus-config"]["content"])
     assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]
     off = stacks(NATIVE_CPU)
-    assert set(off["a"]["services"]) == {"serve"} and "configs" not in off["a"]
+    assert set(off["a"]["services"]) == {"serve", "front-door"}
+    assert "prometheus-config" not in off["a"]["configs"]
 
 
 def test_a_metrics_port_taken_by_another_setting_is_refused_naming_both() -> None:
@@ -134,3 +135,12 @@ def test_rays_metrics_port_is_off_unless_named_as_ray_binds_it_to_every_address(
     assert "--metrics-export-port" not in head["services"]["ray"]["command"]
     scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
     assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]
+
+
+def test_without_the_front_door_prometheus_scrapes_vllm_on_the_head_with_the_key() -> None:
+    found = stacks(NATIVE_CPU + "metrics: {}\nfront_door: {enabled: false}\n")
+    scraped = yaml.safe_load(found["a"]["configs"]["prometheus-config"]["content"])
+    vllm = scraped["scrape_configs"][0]
+    assert vllm["authorization"]["credentials_file"] == "/run/secrets/api_key"
+    assert vllm["static_configs"][0]["targets"] == ["10.0.0.1:8000"]
+    assert found["a"]["services"]["prometheus"]["secrets"] == ["api_key"]

@@ -49,11 +49,11 @@ def evaluate(
     cluster: config.Cluster,
     all_facts: dict[str, dict[str, Any]],
     bases: dict[str, str | None],
-    serving: bool = False,
+    running: checking.Running | None = None,
 ) -> list[Check]:
     """The checks, on facts as the nodes' containers print them (JSON)."""
     typed = {node: checking.Facts.model_validate(found) for node, found in all_facts.items()}
-    return checking.evaluate(cluster, typed, bases, serving)
+    return checking.evaluate(cluster, typed, bases, running or checking.Running())
 
 
 def failures(all_facts: dict[str, Any], bases: dict[str, str | None] | None = None) -> list[str]:
@@ -141,11 +141,19 @@ def test_a_node_holding_only_the_streamed_wrapper_is_not_compared() -> None:
     assert failures(healthy(), {"spark-1": BASE, "spark-2": None}) == []
 
 
-def test_the_api_port_taken_by_this_stacks_own_serve_passes() -> None:
+def test_the_api_port_taken_by_this_stacks_own_serve_or_front_door_passes() -> None:
     found = healthy()
     found["spark-1"]["api_port_free"] = False
-    checks = evaluate(SAMPLE, found, {"spark-1": BASE, "spark-2": BASE}, serving=True)
-    assert [c.cause for c in checks if c.name == "api-port"] == ["port 30000 is this stack's serve"]
+    bases: dict[str, str | None] = {"spark-1": BASE, "spark-2": BASE}
+    for running, holder in [
+        (checking.Running(serve=True), "serve"),
+        (checking.Running(door=True), "front door"),
+    ]:
+        checks = evaluate(SAMPLE, found, bases, running)
+        said = [c.cause for c in checks if c.name == "api-port"]
+        assert said == [f"port 30000 is this stack's {holder}"]
+    checks = evaluate(SAMPLE, found, bases)
+    assert [c.status for c in checks if c.name == "api-port"] == ["fail"]
 
 
 def test_no_rdma_is_only_a_skip_where_the_profile_needs_none() -> None:

@@ -52,15 +52,16 @@ def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_cle
     assert all("node 'spark2'" in line and "does not answer" in line for line in failed)
     headline = "watch: gave up after 2 recoveries in a row; last problem: spark2: engine does not"
     gave_up = next(i for i, line in enumerate(watcher.lines) if line.startswith(headline))
-    assert watcher.lines[gave_up + 1] == "  spark1: removed, volumes kept"
+    assert watcher.lines[gave_up + 1] == "  spark1: removed, the front door kept, volumes kept"
     assert watcher.lines[gave_up + 2].startswith("  spark2: failed: ")
     # The cause outlives the containers: each recreate and the give-up saved the logs first, and
-    # the head's /tmp (Ray's session logs) stays until `down`.
+    # the head's /tmp (Ray's session logs) stays until `down`, as does the front door (its
+    # clients get a 503 with Retry-After, not a refused connection).
     saved = sorted((tmp / "c.logs").glob("*/spark1.log"))
     assert len(saved) >= 2 and "stand-in vllm: attached to Ray" in saved[0].read_text()
     assert any("giving up: logs not saved: spark2: " in line for line in watcher.lines)
     kept = clusters.uncached(clusters.leftovers(head, "enginestop"))
-    assert kept == ["volume enginestop_shared-tmp"]
+    assert kept == ["container enginestop-front-door-1", "volume enginestop_shared-tmp"]
     assert cli("down", config, cwd=tmp).returncode == 0
     assert clusters.leftovers(head, "enginestop") == []
 

@@ -77,11 +77,14 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
 
 def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() -> None:
     cluster = config.load(CASES / "sample.yaml")
-    files = render.render(cluster, "sample.yaml", {"api_key": "K-123", "ray_token": "T-456"})
+    keys = "0f1e hash-of-K-123 admin\n"  # the front door's: hashes, never keys
+    given = {"api_key": "K-123", "ray_token": "T-456", "front_door_keys": keys}
+    files = render.render(cluster, "sample.yaml", given)
     secret = {rel: f for rel, f in files.items() if f.secret}
     assert sorted(secret) == [
         "spark-1/secrets/.gitignore",
         "spark-1/secrets/api-key",
+        "spark-1/secrets/front-door-keys",  # the head's front door
         "spark-1/secrets/ray-token",
         "spark-2/secrets/.gitignore",
         "spark-2/secrets/ray-token",  # a Ray worker: Ray's token, not the API key
@@ -95,6 +98,7 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
     assert head["secrets"] == {
         "api_key": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/api-key"},
         "ray_token": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/ray-token"},
+        "front_door_keys": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-keys"},
     }
 
 
@@ -215,8 +219,8 @@ def test_ray_stack_orders_and_addresses_every_node(tmp_path: Path) -> None:
         "--gpu-memory-utilization",
         "0.85",
         "--port",
-        "8000",
-        "--served-model-name",
+        "8400",  # behind the front door, which takes 8000
+        "--host",
     ]
     assert "--expect" in head["ray"]["healthcheck"]["test"]
     expected = "10.10.0.1,10.10.0.2,10.10.0.3,10.10.0.4"
@@ -298,7 +302,9 @@ def test_hostile_values_render_literally(tmp_path: Path) -> None:
         parsed = yaml.safe_load((tmp_path / node / "compose.yaml").read_text())
         assert set(parsed) == keys
         normalised = compose_config(tmp_path / node)
-        for name in parsed["services"]:
+        for name, service in parsed["services"].items():
+            if "environment" not in service:
+                continue  # the front door: none of the config's environment
             assert [
                 parsed["services"][name]["environment"][f"V{i}"] for i in range(len(HOSTILE))
             ] == escaped

@@ -37,7 +37,7 @@ def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritt
 
 def test_native_backend_needs_no_ray_token(tmp_path: Path) -> None:
     found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
-    assert set(found.files) == {"api_key"}
+    assert set(found.files) == {"api_key", "front_door_keys"}
 
 
 def test_a_named_file_that_is_missing_or_readable_by_others_is_refused(tmp_path: Path) -> None:
@@ -62,7 +62,11 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
         BASE + f"secrets: {{api_key_file: ./keys/api, ray_token_file: {tmp_path}/elsewhere}}\n"
     )
     found = secrets.local(tmp_path / "c.yaml", named)
-    assert found.files == {"api_key": tmp_path / "keys/api", "ray_token": tmp_path / "elsewhere"}
+    assert found.files == {
+        "api_key": tmp_path / "keys/api",
+        "ray_token": tmp_path / "elsewhere",
+        "front_door_keys": tmp_path / "c.front-door-keys",  # made from the API key
+    }
     assert found.generated == {}
 
 
@@ -139,7 +143,7 @@ def test_a_final_newline_is_allowed(tmp_path: Path) -> None:
     for data in (b"k" * 40, b"k" * 40 + b"\n", b"a key with inner spaces"):
         key_file(tmp_path, data)
         found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
-        assert found.files == {"api_key": tmp_path / "c.api-key"}
+        assert found.files["api_key"] == tmp_path / "c.api-key"
 
 
 def test_system_files_fifos_devices_and_folders_are_refused_before_any_read(

@@ -103,7 +103,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     )
     checked = cli("preflight", small, cwd=tmp).stdout
     assert "beside 'big': no port or memory clash" in checked
-    assert "port 8001 is this stack's serve" in checked, checked
+    assert "port 8001 is this stack's front door" in checked, checked
 
     # Both answer at once, and a bounded load on the big one does not break the small one.
     stop, done = threading.Event(), list[int]()
@@ -136,6 +136,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
     assert list(seen["small"]["nodes"]) == ["spark2"]
     assert seen["small"]["endpoint"] == f"http://{two.ip}:8001/v1"
+    assert seen["small"]["front_door"] and seen["big"]["front_door"]  # each its own, on its head
     for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
         health = seen[name]["health"]
         assert health == "running" or health.endswith("serve running, starting"), health

@@ -18,7 +18,7 @@ RECORDED = {"config.json": (700, 1_000), "model-00001.safetensors": (5_000_000_0
 
 def model_failures(seen: dict[str, dict[str, Any]], stamped: stamps.Stamps | None) -> list[str]:
     typed = {node: checking.Facts.model_validate(found) for node, found in seen.items()}
-    found = checking.evaluate(SAMPLE, typed, {"spark-1": BASE, "spark-2": BASE}, False, stamped)
+    found = checking.evaluate(SAMPLE, typed, {"spark-1": BASE, "spark-2": BASE}, stamped=stamped)
     return [f"{c.node}: {c.cause}" for c in found if c.status == "fail" and c.name == "model"]
 
 

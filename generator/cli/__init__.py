@@ -3,6 +3,7 @@
 from generator.cli import (  # noqa: F401 - each registers its commands
     cluster,
     files,
+    keys,
     listing,
     measure,
     release,

@@ -38,12 +38,13 @@ def ls(
     if as_json:
         rows = [
             {"cluster": c.cluster, "backend": c.backend, "endpoint": c.endpoint,
-             "health": c.health, "nodes": c.nodes}
+             "front_door": c.front_door, "health": c.health, "nodes": c.nodes}
             for c in found.values()
         ]  # fmt: skip
         out.print(json.dumps({"clusters": rows, "unreachable": failed}, indent=2))
         return
     table = Table("cluster", "backend", "endpoint", "nodes", "health", box=None)
     for c in found.values():
-        table.add_row(c.cluster, c.backend, c.endpoint, ", ".join(c.nodes), c.health)
+        endpoint = f"{c.endpoint} (front door)" if c.front_door else c.endpoint
+        table.add_row(c.cluster, c.backend, endpoint, ", ".join(c.nodes), c.health)
     out.print(table if found else "no cluster found")

@@ -33,6 +33,8 @@ PROMPTS = "Requests per concurrency."
 PREFIX = "Prompts that share prefixes: the prefix cache's hit rate, from vLLM's counters."
 REPEAT = "Runs per concurrency: the median and the spread."
 OUTPUT = "Generated tokens per request \\[default: 128, or a quarter of the context]."
+COMPARE = "Against the latest run under the lock before."
+DIRECT = "vLLM itself, past the front door (its cost: run once with, once without)."
 
 
 @app.command()
@@ -48,19 +50,19 @@ def bench(
     output_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=OUTPUT)] = None,
     repeat: Annotated[int, typer.Option(min=1, max=20, help=REPEAT)] = 1,
     prefix: Annotated[bool, typer.Option("--prefix", help=PREFIX)] = False,
-    compare: Annotated[
-        bool, typer.Option("--compare", help="Against the latest run under the lock before.")
-    ] = False,
+    compare: Annotated[bool, typer.Option("--compare", help=COMPARE)] = False,
+    direct: Annotated[bool, typer.Option("--direct", help=DIRECT)] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """vLLM's `vllm bench serve` from the serve image against the endpoint, over a sweep of
-    concurrencies: a table of TTFT and TPOT percentiles, throughput and failed requests; kept
-    as JSON and a throughput-latency plot (PNG) per lock beside the config. Exits 1 when any
-    request failed (the run is kept, marked failed, and never compared with)."""
+    """vLLM's `vllm bench serve` from the serve image against the endpoint (through the front
+    door, as clients reach it; `--direct`: vLLM itself), over a sweep of concurrencies: a table
+    of TTFT and TPOT percentiles, throughput and failed requests; kept as JSON and a
+    throughput-latency plot (PNG) per lock beside the config. Exits 1 when any request failed
+    (the run is kept, marked failed, and never compared with)."""
     opened = open_config(path, outdir)
     fleet, c = opened.fleet, opened.cluster
     lengths = benchmark.fit(input_len, output_len, served.context(fleet, "bench"))
-    sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, *lengths, repeat, prefix)
+    sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, *lengths, repeat, prefix, direct)
     err.print(f"bench: {sweep.input_len} prompt + {sweep.output_len} generated tokens per request")
     results = benchmark.run(fleet, sweep)
     heading = benchruns.title(c.name, c.served_model_name, opened.locked)
@@ -73,7 +75,7 @@ def bench(
             hint=f"the run is kept as failed ({saved.name}) and never compared with",
         )
     if compare:
-        before = benchruns.previous(path, opened.locked)
+        before = benchruns.previous(path, opened.locked, direct)
         for line in benchruns.changes(before["results"], results):
             err.print(line)
 

@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from generator.base import sidefiles
 from generator.base.errors import ConfigError
 from generator.config import rules, validation
+from generator.config.door import FrontDoor
 from generator.config.profiles import PROFILES, Profile, ProfileName
 from generator.config.sections import (
     ABS_PATH,
@@ -39,6 +40,7 @@ from generator.config.sections import (
 __all__ = [
     "Canary",
     "Cluster",
+    "FrontDoor",
     "Group",
     "Metrics",
     "Model",
@@ -97,6 +99,11 @@ class Cluster(Strict):
     env: dict[
         Annotated[str, Field(pattern=ENV_KEY)], Annotated[str, Field(max_length=8192), TEXT]
     ] = Field(default_factory=dict, max_length=256, description="Environment added on every node.")
+    front_door: FrontDoor = Field(
+        default_factory=FrontDoor,
+        description="HAProxy in front of vLLM on the head: keys, limits, requests held through "
+        "recoveries.",
+    )
     metrics: Metrics | None = Field(
         default=None,
         description="Prometheus on the head and exporters on every node (`metrics: {}` for the "

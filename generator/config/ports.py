@@ -15,10 +15,17 @@ if TYPE_CHECKING:
 
 SLOTS = 100
 WORKER_PORTS = 99  # Ray worker processes per node and cluster: 10002 + 99 * slot onwards
+BEHIND_DOOR = 8400  # vLLM on loopback behind the front door: 8400 + slot (clear of 8000 + slot)
 
 
 def slot(c: Cluster) -> int:
     return c.vllm.port % SLOTS
+
+
+def vllm(c: Cluster) -> int:
+    """Where vLLM itself listens on the head: behind the front door, a loopback port of the
+    slot (clients use `vllm.port`, the front door's); without it, `vllm.port`."""
+    return BEHIND_DOOR + slot(c) if c.front_door.enabled else c.vllm.port
 
 
 def ray_gcs(c: Cluster) -> int:
@@ -75,6 +82,8 @@ def opened(c: Cluster) -> dict[str, int]:
     """The fixed ports the stacks open on their nodes, by the setting (or Ray option) that
     names them; Ray's worker range by its first port."""
     found = {"vllm.port": c.vllm.port, "group.port": group(c)}
+    if c.front_door.enabled:
+        found["vLLM behind the front door"] = vllm(c)
     if c.backend == "ray":
         found["ray.port"] = ray_gcs(c)
         if c.ray.dashboard:

@@ -48,6 +48,7 @@ NAMED_FLAGS = {
     "--master-port": "master_port",
     "--headless": "backend: native (derived from nodes)",
     "--model": "model.path",
+    "--host": "front_door.enabled (behind the front door vLLM listens on loopback)",
 }
 SECRET_FLAGS = ("--api-key", "--hf-token")
 
@@ -61,6 +62,7 @@ def problems(c: Cluster) -> list[str]:
         *_metrics_problems(c),
         *_env_problems(c),
         *_arg_problems(c),
+        *_door_problems(c),
     ]
 
 
@@ -163,6 +165,14 @@ def _port_problems(c: Cluster) -> list[str]:
         for other in names[i + 1 :]
         if ports.overlap(spans[name], spans[other])
     ]
+
+
+def _door_problems(c: Cluster) -> list[str]:
+    """The front door routes by the model's name, a key of its map: no space in it."""
+    name = c.served_model_name
+    if c.front_door.enabled and any(ch.isspace() for ch in name):
+        return [f"vllm.served_model_name: {name!r} holds a space; the front door routes by it"]
+    return []
 
 
 def _env_problems(c: Cluster) -> list[str]:

@@ -8,6 +8,7 @@ environment variable or a log line.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import secrets as random_secrets
@@ -16,6 +17,7 @@ import subprocess
 import tarfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from python_on_whales import DockerClient, DockerException
@@ -24,7 +26,14 @@ from python_on_whales.utils import run
 from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
-from generator.stack import SECRET_NAMES, SECRETS_DIR, secret_names
+from generator.nodes import keys
+from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
+from generator.stack.output import write_atomic
+
+DOOR_KEYS = "front_door_keys"  # the only secret made from another, not read from a file
+# Read by their containers each time they are used, so written in place (a bind-mounted file's
+# new inode would stay unseen): behind the front door, neither restarts a service.
+IN_PLACE = (DOOR_KEYS, "api_key")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,8 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
     for name in secret_names(cluster):
+        if name == DOOR_KEYS:
+            continue  # made from the others (_door_keys)
         given = named[name]
         path = folder / Path(given).expanduser() if given else folder / _default(config, name)
         if path.exists():
@@ -60,7 +71,32 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     for name, path in found.files.items():
         _usable(name, path)
     _distinct(found.files)
+    if DOOR_KEYS in secret_names(cluster):
+        _door_keys(config, found, generate)
     return found
+
+
+def newer(names: list[str], started: datetime, changed: dict[str, float], door: bool) -> list[str]:
+    """Of a service's secrets, those changed on its node since it started (`changed`: name ->
+    time of last change) that it reads at its start only (behind the front `door`, IN_PLACE
+    ones are read when used)."""
+    live = IN_PLACE if door else ()
+    return [n for n in names if n not in live and started.timestamp() < changed.get(n, 0)]
+
+
+def _door_keys(config: Path, found: Local, generate: bool) -> None:
+    """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
+    config (mode 0600) when it changed; never a key itself."""
+    path = sidefiles.Beside(config).named(SECRET_NAMES[DOOR_KEYS])
+    key = found.files.get("api_key")
+    if key is None or not generate:
+        (found.files if path.exists() else found.missing)[DOOR_KEYS] = path
+        return
+    digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
+    text = frontdoor.keys_map(keys.hashes(config) | {frontdoor.ADMIN: digest})
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        write_atomic(path, text, 0o600)
+    found.files[DOOR_KEYS] = path
 
 
 def _default(config: Path, name: str) -> str:
@@ -173,8 +209,11 @@ def push(
     for name in files:
         new, old = f"/s/{partial[name]}", f"/s/{SECRET_NAMES[name]}"
         # Only the name and a time are printed, never the contents. Without cmp: changed.
+        # IN_PLACE: the front door reads its keys again on a reload (nodes/door.py), bench
+        # reads the API key when it runs.
+        put = f"cat {new} > {old} && rm -f {new}" if name in IN_PLACE else f"mv {new} {old}"
         script += f" && {{ if [ -e {old} ] && cmp -s {new} {old}; then rm -f {new};"
-        script += f" else mv {new} {old} && touch {old}; fi; }}"
+        script += f" else {put} && touch {old}; fi; }}"
         script += f' && echo "changed:{name}:$(stat -c %Y {old})"'
     archive = _archive({partial[name]: path.read_bytes() for name, path in files.items()})
     folder = f"{SECRETS_DIR}/{cluster}"

@@ -9,6 +9,7 @@ from python_on_whales import DockerException
 
 from generator.base import probes
 from generator.base.errors import PhaseError, reason
+from generator.config import ports
 from generator.nodes.fleet import Fleet
 
 
@@ -18,7 +19,7 @@ def context(fleet: Fleet, phase: str) -> int | None:
     if c.vllm.max_model_len:
         return c.vllm.max_model_len
     try:
-        said = json.loads(fleet.execute(fleet.head, "serve", probes.models(c.vllm.port)))
+        said = json.loads(fleet.execute(fleet.head, "serve", probes.models(ports.vllm(c))))
     except DockerException as e:
         raise PhaseError(fleet.head.name, phase, f"/v1/models: {reason(e)}") from None
     limit = said.get(c.served_model_name)
@@ -29,7 +30,7 @@ def load(fleet: Fleet) -> dict[str, float] | None:
     """vLLM's load and counters now (image/health.py's LOAD: requests running and waiting,
     tokens, KV-cache use, prefix-cache lookups and hits); None when /metrics did not answer."""
     try:
-        said = fleet.execute(fleet.head, "serve", probes.metrics(fleet.cluster.vllm.port))
+        said = fleet.execute(fleet.head, "serve", probes.metrics(ports.vllm(fleet.cluster)))
     except DockerException:
         return None
     found: dict[str, float] = json.loads(said)

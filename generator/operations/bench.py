@@ -1,11 +1,12 @@
 """`bench`: vLLM's own `vllm bench serve`, run inside the head's serve container against the
-endpoint over a sweep of concurrencies (random prompts of a fixed length: nothing to download).
-The API key is read from the container's secret file by the shell that runs the benchmark, never
-put on a command line. The sweep's lengths fit the served model's context, or are refused before
-anything runs. Each point can be repeated; the figures kept are the median and the spread. Failed
-requests are counted per point, and the tokens the server itself counted (vLLM's own counter,
-which a client that counts stream chunks under-counts with speculative decoding) are set beside
-the client's. Saving, plotting and comparing runs: benchruns.py."""
+endpoint (through the front door, as clients reach it, unless `direct`) over a sweep of
+concurrencies (random prompts of a fixed length: nothing to download). The API key is read from
+the container's secret file by the shell that runs the benchmark, never put on a command line.
+The sweep's lengths fit the served model's context, or are refused before anything runs. Each
+point can be repeated; the figures kept are the median and the spread. Failed requests are
+counted per point, and the tokens the server itself counted (vLLM's own counter, which a client
+that counts stream chunks under-counts with speculative decoding) are set beside the client's.
+Saving, plotting and comparing runs: benchruns.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from python_on_whales import DockerException
 
 from generator.base import probes
 from generator.base.errors import OptionError, PhaseError, last_line, reason
+from generator.config import ports
 from generator.nodes import served
 from generator.nodes.fleet import Fleet
 
@@ -45,6 +47,7 @@ class Sweep:
     output_len: int
     repeat: int = 1
     prefix: bool = False  # prompts that share prefixes: the prefix cache's probe
+    direct: bool = False  # vLLM itself, past the front door
 
 
 def fit(input_len: int | None, output_len: int | None, limit: int | None) -> tuple[int, int]:
@@ -67,9 +70,10 @@ def command(fleet: Fleet, sweep: Sweep, concurrency: int) -> list[str]:
     """The shell line run in serve: the key read from its secret file into the benchmark's
     environment (vLLM sends OPENAI_API_KEY as the bearer token), then the result printed."""
     c = fleet.cluster
+    port = ports.vllm(c) if sweep.direct else c.vllm.port  # the same without a front door
     bench = [
         "vllm", "bench", "serve", "--backend", "vllm",
-        "--base-url", f"http://127.0.0.1:{c.vllm.port}", "--endpoint", "/v1/completions",
+        "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
         "--model", c.served_model_name, "--tokenizer", c.model.path,
         *dataset(sweep), "--num-prompts", str(sweep.prompts),
         "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -136,7 +140,7 @@ def _server_said(fleet: Fleet) -> str | None:
     """Why the server fails a plain completion of the served model, or None when it answers."""
     c = fleet.cluster
     try:
-        fleet.execute(fleet.head, "serve", probes.serve(c.vllm.port, c.served_model_name))
+        fleet.execute(fleet.head, "serve", probes.serve(ports.vllm(c), c.served_model_name))
     except DockerException as e:
         return reason(e).removeprefix("vllm-compose-health: ")
     return None

@@ -77,13 +77,14 @@ def plot(results: list[dict[str, Any]], path: Path, heading: str) -> None:
     pyplot.close(figure)
 
 
-def previous(config: Path, locked: lock.Lock | None) -> dict[str, Any]:
-    """The latest run with no failed request under another lock (the one before)."""
+def previous(config: Path, locked: lock.Lock | None, direct: bool = False) -> dict[str, Any]:
+    """The latest run with no failed request under another lock (the one before), measured the
+    same way (`direct`: past the front door)."""
     here = folder(config, locked)
     others = [p for p in here.parent.glob("*/*.json") if p.parent != here]
     for path in sorted(others, key=lambda p: p.name, reverse=True):
         found = None if sidefiles.problem(path) else _clean(path)
-        if found is not None:
+        if found is not None and found["sweep"].get("direct", False) == direct:
             return found
     raise VllmComposeError(
         f"{config}: no run without failed requests under another lock to compare with",

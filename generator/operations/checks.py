@@ -5,7 +5,7 @@ in the hints refer to the rows of the failure table the project keeps."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from pydantic import BaseModel
 
@@ -61,17 +61,25 @@ class Facts(BaseModel):
         return Hardware(devices=self.devices, gpu_error=self.gpu_error, memory=self.memory)
 
 
+@dataclass(frozen=True)
+class Running:
+    """What of this stack already runs on the head."""
+
+    serve: bool = False
+    door: bool = False  # the front door
+
+
 def evaluate(
     cluster: Cluster,
     facts: dict[str, Facts],
     bases: dict[str, str | None],
-    serving: bool = False,
+    running: Running = Running(),
     stamped: stamps.Stamps | None = None,
     others: dict[str, list[Claim]] | None = None,
 ) -> list[Check]:
     """Every check for the nodes that answered. `bases`: node -> its base image ID (None when
-    the node holds only the wrapper, streamed to it). `serving`: this stack's serve is already
-    running on the head (so the API port is taken by it). `stamped`: what verify recorded.
+    the node holds only the wrapper, streamed to it). `running`: what of this stack already runs
+    on the head (its serve or its front door holds the API port). `stamped`: what verify recorded.
     `others`: node -> the other clusters running on it."""
     nodes = [n for n in cluster.nodes if n.name in facts]
     checks = [_config(cluster), _images(cluster, bases)]
@@ -89,9 +97,9 @@ def evaluate(
     checks += [_neighbours(cluster, n, others.get(n.name, []), facts[n.name]) for n in nodes]
     checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
     checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
-    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name], serving)]
+    checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name], running.serve)]
     if head is not None:
-        checks.append(_api_port(cluster, head, serving))
+        checks.append(_api_port(cluster, head, running))
     return checks
 
 
@@ -268,9 +276,10 @@ def _versions(nodes: list[Node], facts: dict[str, Facts]) -> Check:
     return passed("versions", "all", f"identical on every node: {shown}")
 
 
-def _api_port(c: Cluster, head: Facts, serving: bool) -> Check:
-    if serving:
-        return passed("api-port", c.head.name, f"port {c.vllm.port} is this stack's serve")
+def _api_port(c: Cluster, head: Facts, running: Running) -> Check:
+    if running.serve or running.door:
+        holder = "front door" if running.door else "serve"
+        return passed("api-port", c.head.name, f"port {c.vllm.port} is this stack's {holder}")
     if head.api_port_free is False:
         cause = f"port {c.vllm.port} on {c.head.ip} is already in use"
         return failed("api-port", c.head.name, cause, "stop what listens there or set vllm.port")

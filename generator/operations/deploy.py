@@ -1,9 +1,9 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> every node's Ray and the head's serve, all at once (native: the
-    headless ranks, then serve), ready at its first real completion. A start phase that fails
-    is named at once, then takes the group down again (unless kept for inspection).
+    -> secrets -> preflight -> the front door -> every node's Ray and the head's serve, all at
+    once (native: the headless ranks, then serve), ready at its first real completion. A start
+    phase that fails is named at once, then takes the group down (unless kept for inspection).
 watch (operations/watch.py decides when): `problems` checks the running group, `recreate` takes
     it down in order and runs `up` again.
 """
@@ -21,8 +21,8 @@ from python_on_whales import DockerException
 from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each, parallel
-from generator.config import Node
-from generator.nodes import events, survey
+from generator.config import Node, ports
+from generator.nodes import door, events, secrets, survey
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
 from generator.nodes.hardware import Reading
 from generator.operations import evidence, lock, observe, preflight, readiness
@@ -61,12 +61,15 @@ class Deployment:
     seen: survey.Seen | None = None
     follower: events.Follower | None = None  # while `watch` follows the nodes' events
 
-    def up(self, checks: bool = True, keep_on_failure: bool = False) -> Result:
-        """A start phase that fails takes the whole group down again (a half-started group
-        serves nothing and holds ports), unless `keep_on_failure`; the error names the cause."""
+    def up(
+        self, checks: bool = True, keep_on_failure: bool = False, door_stays: bool = False
+    ) -> Result:
+        """A start phase that fails takes the whole group down again (a half-started group serves
+        nothing and holds ports), and the front door unless `door_stays` (watch's recreate: it
+        holds requests for the next try), unless `keep_on_failure`; the error names the cause."""
         result = Result()
         self.stage(result, checks)
-        self.start(result, keep_on_failure)
+        self.start(result, keep_on_failure, door_stays)
         return result
 
     def stage(self, result: Result, checks: bool = True) -> None:
@@ -97,9 +100,10 @@ class Deployment:
                 fleet.drop_volumes_since(before)
                 raise
 
-    def start(self, result: Result, keep_on_failure: bool = False) -> None:
+    def start(self, result: Result, keep_on_failure: bool = False, door_stays: bool = True) -> None:
         """The group's services in order, ready at its first real completion; on failure its
-        logs saved and the group taken down again, unless `keep_on_failure`."""
+        logs saved and the group taken down again (the front door kept when `door_stays`: an
+        upgrade's old group starts again behind it), unless `keep_on_failure`."""
         fleet = self.fleet
         try:
             self._start(result)
@@ -107,21 +111,24 @@ class Deployment:
             fleet.report(f"failed: {reason(e)}")  # the cause now, not after the rollback
             if not keep_on_failure:
                 start: dict[str, object] = {"phases": dict(result.phases), "failed": reason(e)}
-                self.take_down("rolling back", "rolled back", start)
+                self.take_down("rolling back", "rolled back", start, door_stays)
             raise
         c = fleet.cluster
         result.endpoint = f"http://{c.head.ip}:{c.vllm.port}/v1"
         evidence.last_start(self.logs, {"phases": dict(result.phases)})
 
-    def take_down(self, doing: str, done: str, start: dict[str, object] | None = None) -> None:
+    def take_down(
+        self, doing: str, done: str, start: dict[str, object] | None = None, door_stays: bool = True
+    ) -> None:
         """The group's diagnostics bundle saved (with `start`: how its start went), then its
-        containers removed on every node (volumes kept: the compile caches, and the head's /tmp
-        with Ray's session logs)."""
+        containers removed on every node, the front door's too unless `door_stays` (volumes
+        kept: the compile caches, and the head's /tmp with Ray's session logs)."""
         if start is not None:
             evidence.last_start(self.logs, start)
         evidence.write_bundle(self.fleet, self.logs, doing)
         self.fleet.report(f"{doing}: taking the group down on every node")
-        for node, outcome in self.fleet.down(volumes=False).items():
+        gone = door.group_down(self.fleet) if door_stays else self.fleet.down(volumes=False)
+        for node, outcome in gone.items():
             self.fleet.report(f"{done} on {node}: {outcome}")
 
     def _images(self) -> dict[str, str]:
@@ -133,9 +140,10 @@ class Deployment:
     def _secrets(self, ours: set[str]) -> None:
         """The secret files onto the nodes. A running service started before one of its secrets
         last changed on its node (a rotated key, whichever command wrote it there) is removed:
-        the start below recreates it with the new one. `ours`: the nodes where this stack has
-        containers (no other node has a service to restart)."""
+        the start below recreates it with the new one; the front door reads its keys again.
+        `ours`: the nodes where this stack has containers (no other has a service to restart)."""
         changed = self.fleet.push_secrets()
+        door.renewed(self.fleet)
 
         def stale(node: Node) -> Callable[[], None]:
             def run() -> None:
@@ -144,8 +152,8 @@ class Deployment:
                     state = states.get(service.name)
                     if not (state and state.running and state.started_at):
                         continue
-                    started = state.started_at.timestamp()
-                    newer = [s for s in service.secrets if started < changed_at.get(s, 0)]
+                    door_on = self.fleet.cluster.front_door.enabled
+                    newer = secrets.newer(service.secrets, state.started_at, changed_at, door_on)
                     if newer:
                         said = f"{', '.join(newer)} changed since {service.name} started"
                         self.fleet.report(f"secrets: {node.name}: {said}; it restarts with it")
@@ -161,6 +169,9 @@ class Deployment:
 
     def _start(self, result: Result) -> None:
         c, stacks = self.fleet.cluster, self.fleet.stacks
+        if c.front_door.enabled:  # first, and left running: it holds requests while serve starts
+            front = {self.fleet.head: [door.NAME]}
+            self._phase(result, "front door", lambda: self._started("front door", front))
         if c.metrics:  # first: the exporters see the start too
             sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
             self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
@@ -215,7 +226,7 @@ class Deployment:
             self._started("serve", {head: ["serve"]})
             others, join = [(n, "serve") for n in c.workers], None
         watched = readiness.Watched(fleet, head, "serve", "serve", others, join)
-        readiness.wait(watched, probes.serve(c.vllm.port, c.served_model_name), timeout, True)
+        readiness.wait(watched, probes.serve(ports.vllm(c), c.served_model_name), timeout, True)
 
     # watch's view of the group (generator/operations/watch.py)
 
@@ -245,10 +256,10 @@ class Deployment:
             self.follower.drain()
 
     def down(self) -> dict[str, str]:
-        """watch giving up: the logs saved first, the containers removed, the volumes kept (the
-        head's /tmp holds Ray's session logs; `vllm-compose down` removes them)."""
+        """watch giving up: the logs saved first, the containers removed, the volumes (the head's
+        /tmp holds Ray's session logs) and the front door (it answers 503) kept until `down`."""
         evidence.write_bundle(self.fleet, self.logs, "giving up")
-        return {n: f"{what}, volumes kept" for n, what in self.fleet.down(volumes=False).items()}
+        return {n: f"{what}, volumes kept" for n, what in door.group_down(self.fleet).items()}
 
     def start_again(self, services: dict[str, list[str]]) -> None:
         """Each named node's services started again as they were (Compose creates a removed
@@ -269,10 +280,10 @@ class Deployment:
         if isinstance(serve, BaseException):
             fleet.report(f"recreate: {head.name}: serve not removed: {reason(serve)}")
         for step in (fleet.cluster.workers, [head]):
-            for node, what in fleet.down(step, volumes=False).items():
-                if what != "removed":
+            for node, what in door.group_down(fleet, step).items():
+                if not what.startswith("removed"):
                     fleet.report(f"recreate: {node}: {what}")
-        return self.up()
+        return self.up(door_stays=True)
 
 
 def refuse_same_name(fleet: Fleet, seen: dict[str, list[claims.Claim]] | None = None) -> None:

@@ -22,6 +22,7 @@ from python_on_whales import DockerException
 
 from generator.base import probes, sidefiles
 from generator.base.errors import PhaseError, reason
+from generator.config import ports
 from generator.nodes import served
 from generator.nodes.fleet import Fleet
 from generator.operations import lock
@@ -43,7 +44,7 @@ def ask(fleet: Fleet) -> dict[str, Any]:
     """The gate's answers from the served model, asked inside the head's serve."""
     c = fleet.cluster
     args = " ".join(c.vllm.args)
-    probe = probes.answers(c.vllm.port, c.served_model_name, served.context(fleet, "check"),
+    probe = probes.answers(ports.vllm(c), c.served_model_name, served.context(fleet, "check"),
                            tools="--tool-call-parser" in args,
                            reasoning="--reasoning-parser" in args)  # fmt: skip
     try:

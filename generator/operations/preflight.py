@@ -19,7 +19,7 @@ from generator.base.errors import DockerError, DriftError, PreflightError, reaso
 from generator.base.fanout import each
 from generator.base.verdict import Check, failed, passed
 from generator.config import Node, ports
-from generator.nodes import survey
+from generator.nodes import door, survey
 from generator.nodes.fleet import Fleet
 from generator.operations import checks, lock
 from generator.operations.checks import Facts
@@ -55,7 +55,7 @@ def run(
     more, facts = gather(fleet, live)
     bases = fleet.image_ids(fleet.cluster.image, live)
     others = claims.split(seen, fleet.cluster.name, fleet.source)[0]
-    found += more + checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
+    found += more + checks.evaluate(fleet.cluster, facts, bases, ours(fleet), stamped, others)
     return found, time.monotonic() - start
 
 
@@ -73,7 +73,7 @@ def must_pass(
     nodes = fleet.cluster.nodes
     found, facts = gather(fleet, nodes)
     bases = fleet.image_ids(fleet.cluster.image, nodes)
-    found += checks.evaluate(fleet.cluster, facts, bases, serving(fleet), stamped, others)
+    found += checks.evaluate(fleet.cluster, facts, bases, ours(fleet), stamped, others)
     failures = [c.line() for c in found if c.status == "fail"]
     if failures:
         raise PreflightError(failures, time.monotonic() - start)
@@ -171,7 +171,9 @@ def _gather(fleet: Fleet, live: list[Node], port: int) -> tuple[list[Check], dic
     return failures, gathered
 
 
-def serving(fleet: Fleet) -> bool:
-    """Whether this stack's serve already runs on the head (so the API port is its own)."""
-    outcome = each({"head": lambda: fleet.running(fleet.head, "serve")}, 30)["head"]
-    return outcome is True
+def ours(fleet: Fleet) -> checks.Running:
+    """What of this stack already runs on the head: serve, and the front door (either holds the
+    API port)."""
+    head = fleet.head
+    found = each({name: partial(fleet.running, head, name) for name in ("serve", door.NAME)}, 30)
+    return checks.Running(serve=found["serve"] is True, door=found[door.NAME] is True)

@@ -17,7 +17,7 @@ from python_on_whales import DockerException
 from generator.base import probes, startlog
 from generator.base.errors import PhaseError, reason
 from generator.base.fanout import each
-from generator.config import Cluster, Node
+from generator.config import Cluster, Node, ports
 from generator.nodes.fleet import Fleet
 from generator.operations import diagnose
 
@@ -259,7 +259,7 @@ def canary(fleet: Fleet, deadline: float) -> list[str]:
     vLLM is making progress (requests running, tokens rising) is busy, not broken: said, and no
     problem."""
     head, c = fleet.head, fleet.cluster
-    probe = probes.serve(c.vllm.port, c.served_model_name, deadline)
+    probe = probes.serve(ports.vllm(c), c.served_model_name, deadline)
     run = lambda: fleet.execute(head, "serve", probe)  # noqa: E731
     outcome = each({head.name: run}, deadline + CANARY_GRACE)[head.name]
     if not isinstance(outcome, BaseException):
@@ -273,7 +273,7 @@ def canary(fleet: Fleet, deadline: float) -> list[str]:
 def progress(fleet: Fleet) -> str | None:
     """What vLLM's /metrics show when it is making progress: requests running and generated
     tokens rising over PROGRESS_SECONDS. None when it is not (or cannot say)."""
-    probe = probes.metrics(fleet.cluster.vllm.port)
+    probe = probes.metrics(ports.vllm(fleet.cluster))
     try:
         first = json.loads(fleet.execute(fleet.head, "serve", probe))
         time.sleep(PROGRESS_SECONDS)

@@ -18,6 +18,8 @@ from python_on_whales import DockerException
 from generator import config
 from generator.base import probes
 from generator.base.errors import PhaseError, RolledBack, VllmComposeError, reason
+from generator.config import ports
+from generator.nodes import door
 from generator.operations import gate, history, lock
 from generator.operations.deploy import Result
 from generator.operations.workflow import Opened
@@ -67,7 +69,7 @@ def rollback(path: Path, open_: Open) -> Switched:
     with open_(path, with_secrets=True, entry=entry) as back:
         start = time.monotonic()
         back.fleet.report("rollback: taking the group that serves now down")
-        back.fleet.down(volumes=False, stop=SWITCH_STOP)
+        door.group_down(back.fleet, stop=SWITCH_STOP)
         back.deployment.start(result)
         _put_lock_back(path, entry)
         now = history.record(path, entry.config_text, entry.locked)
@@ -86,7 +88,7 @@ def _switch(
     start = time.monotonic()
     try:
         fleet.report("switch: taking the old group down (volumes kept: its compile caches)")
-        fleet.down(volumes=False, stop=SWITCH_STOP)
+        door.group_down(fleet, stop=SWITCH_STOP)
         staged.deployment.start(result)
         golden(staged)
         answers(path, staged, accept)
@@ -111,7 +113,7 @@ def golden(opened: Opened) -> None:
         return
     fleet.report("canary: asking the golden prompt")
     probe = probes.golden(
-        c.vllm.port, c.served_model_name, c.canary.prompt, c.canary.expect, c.canary.max_tokens
+        ports.vllm(c), c.served_model_name, c.canary.prompt, c.canary.expect, c.canary.max_tokens
     )
     try:
         fleet.execute(fleet.head, "serve", probe)

@@ -12,7 +12,7 @@ from functools import cached_property
 
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node, ports
 from generator.config.mounts import model_mount
-from generator.stack import claims, monitoring, services
+from generator.stack import claims, frontdoor, monitoring, services
 from generator.stack.services import Service
 
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
@@ -21,7 +21,12 @@ from generator.stack.services import Service
 # `vllm-compose up`, which passes contexts.env, the files it wrote on the node over its context.
 SECRETS_DIR = "/var/lib/vllm-compose"
 SECRETS_ENV = "VLLM_COMPOSE_SECRETS"
-SECRET_NAMES = {"api_key": "api-key", "hf_token": "hf-token", "ray_token": "ray-token"}
+SECRET_NAMES = {
+    "api_key": "api-key",
+    "hf_token": "hf-token",
+    "ray_token": "ray-token",
+    "front_door_keys": "front-door-keys",
+}
 # vLLM's Ray executor copies the driver's NCCL_*, VLLM_* and HF_* variables to every worker
 # unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
 CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
@@ -49,6 +54,7 @@ def secret_names(cluster: Cluster) -> list[str]:
     Ray backend and its token authentication; the HF token when the config names one."""
     names = ["api_key"]
     names += ["ray_token"] if cluster.backend == "ray" and cluster.ray.token_auth else []
+    names += ["front_door_keys"] if cluster.front_door.enabled else []
     return names + (["hf_token"] if cluster.secrets.hf_token_file else [])
 
 
@@ -136,6 +142,8 @@ class NodeStack:
             found[monitoring.PROMETHEUS_CONFIG] = monitoring.prometheus_config(self.cluster)
         if self.cluster.metrics and self.cluster.accelerator == "nvidia":
             found[monitoring.DCGM_COUNTERS] = monitoring.dcgm_counters()
+        if self.cluster.front_door.enabled and self.is_head:
+            found |= frontdoor.configs(self.cluster)
         return found
 
     @property
@@ -169,7 +177,7 @@ class NodeStack:
     @cached_property
     def sidecars(self) -> list[monitoring.Sidecar]:
         """Services beside the group (the `metrics` section's), each with its fingerprint."""
-        found = monitoring.sidecars(self)
+        found = monitoring.sidecars(self) + frontdoor.sidecars(self)
         # A changed prometheus.yml must recreate Prometheus: its content counts too.
         contents = [[self.configs[name] for name, _ in s.configs] for s in found]
         return [

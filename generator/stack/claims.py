@@ -69,6 +69,11 @@ class Claim:
         ]
         return "; ".join(bad) if bad else "running"
 
+    @property
+    def front_door(self) -> bool:
+        """Is its endpoint a front door (one of its nodes runs one)?"""
+        return any("front-door" in services for services in self.nodes.values())
+
 
 def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
     """node -> its containers (every cluster's), as cluster -> Claim."""

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from generator.config import ports
+
 if TYPE_CHECKING:
     from generator.config import Cluster, Metrics, Node
     from generator.stack import NodeStack
@@ -86,11 +88,12 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
             )
         )
     if stack.is_head:
-        found.append(_prometheus(m, str(m.listen or ip)))
+        found.append(_prometheus(m, str(m.listen or ip), keyed=not c.front_door.enabled))
     return found
 
 
-def _prometheus(m: Metrics, listen: str) -> Sidecar:
+def _prometheus(m: Metrics, listen: str, keyed: bool) -> Sidecar:
+    """Prometheus; `keyed`: it sends the API key to vLLM (none behind the front door)."""
     return Sidecar(
         "prometheus",
         m.prometheus_image,
@@ -103,7 +106,7 @@ def _prometheus(m: Metrics, listen: str) -> Sidecar:
         # The API key's file is root's (mode 0600, mounted by Compose as it is on the node).
         user="0",
         volumes=[f"{PROMETHEUS_DATA}:/prometheus"],
-        secrets=["api_key"],
+        secrets=["api_key"] if keyed else [],
         configs=[(PROMETHEUS_CONFIG, PROMETHEUS_FILE)],
     )
 
@@ -117,8 +120,12 @@ def prometheus_config(c: Cluster) -> str:
     """prometheus.yml: every target by its private IP, labelled with its node's name."""
     m = c.metrics
     assert m is not None
-    jobs = [_job("vllm", [c.head], c.vllm.port)]
-    jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+    if c.front_door.enabled:  # vLLM on the head's loopback, where Prometheus runs
+        vllm = {"targets": [f"127.0.0.1:{ports.vllm(c)}"], "labels": {"node": c.head.name}}
+        jobs: list[dict[str, object]] = [{"job_name": "vllm", "static_configs": [vllm]}]
+    else:
+        jobs = [_job("vllm", [c.head], c.vllm.port)]
+        jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
     jobs.append(_job("node", c.nodes, m.node_exporter_port))
     if c.backend == "ray" and m.ray_port:
         jobs.append(_job("ray", c.nodes, m.ray_port))

@@ -110,6 +110,11 @@ def _ray_health(test: list[str]) -> Health:
     return Health(test, start_period=300, interval=15)
 
 
+def _serve_secrets(stack: NodeStack) -> list[str]:
+    """Every secret but the front door's keys' map (the door alone reads it)."""
+    return [name for name in stack.secrets if name != "front_door_keys"]
+
+
 def _ray_secrets(stack: NodeStack) -> list[str]:
     return ["ray_token"] if "ray_token" in stack.secrets else []
 
@@ -136,7 +141,7 @@ def _serve(stack: NodeStack) -> Service:
             **group(stack, members=True),
             **canary(stack),
         },
-        secrets=list(stack.secrets),
+        secrets=_serve_secrets(stack),
         configs=stack.config_targets,
     )
 
@@ -148,7 +153,7 @@ def _native_serve(stack: NodeStack) -> Service:
     c = stack.cluster
     cmd = [*_vllm_serve(stack), "--nnodes", str(len(c.nodes)), "--node-rank", str(_rank(stack))]
     cmd += ["--master-addr", str(c.head.ip), "--master-port", str(ports.master(c))]
-    secrets = list(stack.secrets)
+    secrets = _serve_secrets(stack)
     env = group(stack, listen=True, members=True)
     if stack.is_head:
         return Service(
@@ -191,11 +196,14 @@ def group(stack: NodeStack, listen: bool = False, members: bool = False) -> dict
 
 
 def canary(stack: NodeStack) -> dict[str, str]:
-    """The head serve's own check for a hung rank (image/canary.py), when it is on."""
+    """The head serve's own check for a hung rank (image/canary.py), when it is on; and behind
+    the front door, vLLM takes no key of its own (the entrypoint reads this)."""
     c = stack.cluster
+    door = {"VLLM_COMPOSE_FRONT_DOOR": "1"} if c.front_door.enabled else {}
     if not c.group.hang_after:
-        return {}
-    return {"VLLM_COMPOSE_CANARY": f"{c.group.hang_after} {c.vllm.port} {c.served_model_name}"}
+        return door
+    said = f"{c.group.hang_after} {ports.vllm(c)} {c.served_model_name}"
+    return door | {"VLLM_COMPOSE_CANARY": said}
 
 
 def _vllm_serve(stack: NodeStack) -> list[str]:
@@ -204,7 +212,9 @@ def _vllm_serve(stack: NodeStack) -> list[str]:
     cmd = ["vllm", "serve", c.model.path]
     cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
     cmd += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
-    cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(v.port)]
+    cmd += ["--gpu-memory-utilization", str(utilization), "--port", str(ports.vllm(c))]
+    if c.front_door.enabled:
+        cmd += ["--host", "127.0.0.1"]  # clients reach it through the front door only
     if v.max_model_len:
         cmd += ["--max-model-len", str(v.max_model_len)]
     if v.served_model_name:
@@ -217,7 +227,7 @@ def _vllm_serve(stack: NodeStack) -> list[str]:
 
 def _serve_health(stack: NodeStack) -> Health:
     c = stack.cluster
-    test = ["CMD", *probes.serve(c.vllm.port, c.served_model_name)]
+    test = ["CMD", *probes.serve(ports.vllm(c), c.served_model_name)]
     # Every check is a real completion: every 15 s, not 5, so checks do not compete with the
     # model load for CPU, nor with traffic later. `up` does not wait on it (it probes itself).
     return Health(test, start_period=c.vllm.startup_timeout, interval=15)

@@ -54,8 +54,10 @@ def write_config(
     vllm: str = "{port: 30000}",
     extra: str = "",
     interfaces: list[str] | None = None,
+    door: str = "",
 ) -> Path:
-    """`interfaces`: each node's own interface name (default: IFNAME for all, at the top level)."""
+    """`interfaces`: each node's own interface name (default: IFNAME for all, at the top level);
+    `door`: more of `front_door`'s settings ("requests_per_minute: 3")."""
     contexts = contexts or [n.context for n in nodes]
     own = [f", interface: {i}" for i in interfaces] if interfaces else [""] * len(nodes)
     lines = [
@@ -71,6 +73,8 @@ def write_config(
         ),
         f"model: {{path: {model}}}",
         f"vllm: {vllm}",
+        # Debian's HAProxy in place of the official image.
+        f"front_door: {{image: {images.HAPROXY}{', ' + door if door else ''}}}",
         *([extra] if extra else []),
     ]
     path.write_text("\n".join(lines) + "\n")

@@ -44,6 +44,14 @@ EXPORTERS = {
     NODE_EXPORTER: ("prometheus-node-exporter", "prometheus-node-exporter", "/bin/node_exporter"),
 }
 
+# HAProxy from Debian's package (2.6) where the official image has it in PATH: the front door's.
+HAPROXY = "vllm-compose-test/haproxy:debian-2.6"
+HAPROXY_DOCKERFILE = f"""\
+FROM {DEBIAN}
+RUN apt-get update && apt-get install -y --no-install-recommends haproxy \\
+    && rm -rf /var/lib/apt/lists/*
+"""
+
 # Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
 # The __main__ guard matters: vLLM starts its engine with multiprocessing's spawn.
 SCRIPTS = {
@@ -226,6 +234,15 @@ def metrics_image(docker: DockerClient, tag: str) -> str:
             )
             docker.legacy_build(context, tags=[tag])
     return tag
+
+
+def haproxy_image(docker: DockerClient) -> str:
+    debian_base(docker)
+    if not docker.image.exists(HAPROXY):
+        with tempfile.TemporaryDirectory() as context:
+            (Path(context) / "Dockerfile").write_text(HAPROXY_DOCKERFILE)
+            docker.legacy_build(context, tags=[HAPROXY])
+    return HAPROXY
 
 
 def _vllm_cpu(docker: DockerClient) -> str:

@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("command")
     parser.add_argument("model")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--served-model-name")
@@ -79,7 +80,7 @@ def main() -> None:
         def log_message(self, *_: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("0.0.0.0", args.port), Handler)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
     print("INFO:     Application startup complete.", flush=True)  # uvicorn's line, as vLLM's
     server.serve_forever()
 

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from tests.support import images
+
 SUBNET = "192.168.200"
 IFNAME = "enp1s0f1np1"
 STATE = Path("/run/vllm-compose-testbed")
@@ -474,9 +476,21 @@ class Testbed:
         (STATE / "testbed.json").unlink(missing_ok=True)
 
 
+def with_door(bed: Testbed) -> Testbed:
+    """Every node holds the front door's image (Debian's HAProxy: the configs that
+    tests/support/clusters.py writes name it), as a node that pulled it would."""
+    try:
+        bed.load_image(images.haproxy_image(DockerClient()))
+    except BaseException:
+        bed.destroy()
+        raise
+    return bed
+
+
 @contextlib.contextmanager
 def running(count: int) -> Iterator[Testbed]:
-    bed = Testbed.create(count)
+    """A testbed of `count` nodes for the block, each holding the front door's image."""
+    bed = with_door(Testbed.create(count))
     try:
         yield bed
     finally:
@@ -503,7 +517,7 @@ def main() -> None:
             Testbed.load().destroy()
         print("testbed down")
         return
-    bed = Testbed.create(args.nodes)
+    bed = with_door(Testbed.create(args.nodes))
     for node in bed.nodes:
         print(f"{node.name}: {node.ip} on {IFNAME}, context {node.context}")
 

@@ -1,0 +1,139 @@
+"""The front door's cost and its keys' timing, side by side in one run: real vLLM (CPU build, the
+tiny model, eager), TP=2 over two emulated nodes, the tool at its defaults (front door on).
+
+    python -m benchmarks.door [--rounds N]
+
+- Cost: `vllm-compose bench` as the README runs it (through the front door, as clients reach
+  it) and `vllm-compose bench --direct` (vLLM itself) in turn, N rounds, the order alternated;
+  per concurrency the median over the rounds of output tokens/s through the door over direct,
+  and of the median TTFT's difference. Goals: >= 0.98x, <= 2 ms more.
+- Keys: `keys add` then requests with the new key until one is answered (every 0.1 s), and
+  `keys revoke` then requests until one is refused: seconds from the command's start. Goal:
+  <= 5 s each.
+
+Traffic goes only to the testbed's own addresses; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from python_on_whales import DockerClient
+
+from benchmarks.day_two import serving, tool
+from tests.support import clusters, images
+from tests.support.testbed import MODELS, borrowed
+
+MODEL = f"{MODELS}/{images.MODEL}"
+PORT = 30000
+WORK = Path("/tmp/vllm-compose-door")
+KEY_LIMIT = 30  # seconds a key change may take before the run gives up on it
+
+
+def bench(config: Path, direct: bool) -> dict[int, dict[str, float]]:
+    """One `bench` at its defaults: concurrency -> its figures."""
+    said = json.loads(tool("bench", config, "--json", *(["--direct"] if direct else [])))
+    return {r["max_concurrency"]: r for r in said["results"]}
+
+
+def status(ip: str, key: str) -> int:
+    """The HTTP status of one short completion with `key` (0: no answer)."""
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(f"http://{ip}:{PORT}/v1/completions", body, headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def until(ip: str, key: str, wanted: int, start: float) -> float:
+    """Seconds from `start` until a request with `key` gets `wanted`."""
+    while status(ip, key) != wanted:
+        if time.monotonic() - start > KEY_LIMIT:
+            raise RuntimeError(f"no {wanted} in {KEY_LIMIT} s")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def keys(config: Path, ip: str) -> tuple[float, float]:
+    """(seconds until a new key is answered, until it is refused once revoked)."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "generator", "keys", "add", str(config), "bench"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    added = until(ip, done.stdout.strip(), 200, start)
+    start = time.monotonic()
+    tool("keys", "revoke", config, "bench")
+    return added, until(ip, done.stdout.strip(), 401, start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.door")
+    parser.add_argument("--rounds", type=int, default=3, choices=range(1, 11))
+    rounds = parser.parse_args().rounds
+    root = DockerClient()
+    print("setup: images, model, testbed (not timed)", flush=True)
+    image, model = images.vllm_base(root), images.tiny_model(root)
+    with borrowed(2) as bed:
+        head, worker = bed.nodes[:2]
+        bed.load_image(image, nodes=[head, worker])
+        for node in (head, worker):
+            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        shutil.rmtree(WORK, ignore_errors=True)
+        WORK.mkdir()
+        # Eager: this CPU image cannot compile; the door's cost does not depend on it.
+        args = "args: [--dtype, float32, --enforce-eager]"
+        vllm = f"{{port: {PORT}, max_model_len: 256, startup_timeout: 900, {args}}}"
+        config = clusters.write_config(WORK / "door.yaml", "door", [head, worker], image,
+                                       backend="native", model=MODEL, vllm=vllm)  # fmt: skip
+        tool("up", config)
+        serving(str(head.ip), clusters.api_key(config))
+        runs: dict[bool, list[dict[int, dict[str, float]]]] = {False: [], True: []}
+        for n in range(rounds):
+            for direct in (n % 2 == 1, n % 2 == 0):
+                how = "--direct" if direct else "(front door)"
+                print(f"round {n + 1}: bench {how}", flush=True)
+                runs[direct].append(bench(config, direct))
+        timings = [keys(config, str(head.ip)) for _ in range(3)]
+        tool("down", config)
+    _report(runs, timings)
+
+
+def _report(
+    runs: dict[bool, list[dict[int, dict[str, float]]]], timings: list[tuple[float, float]]
+) -> None:
+    print("\nfront door against direct (median over the rounds):")
+    for c in sorted(runs[False][0]):
+        ratio = statistics.median(
+            door[c]["output_throughput"] / direct[c]["output_throughput"]
+            for door, direct in zip(runs[False], runs[True], strict=True)
+        )
+        ttft = statistics.median(
+            door[c]["median_ttft_ms"] - direct[c]["median_ttft_ms"]
+            for door, direct in zip(runs[False], runs[True], strict=True)
+        )
+        each = ", ".join(
+            f"{d[c]['output_throughput']:.0f}/{x[c]['output_throughput']:.0f}"
+            for d, x in zip(runs[False], runs[True], strict=True)
+        )
+        print(f"  concurrency {c:>3}: output tok/s {ratio:.3f}x direct (goal >= 0.98; door/direct"
+              f" by round: {each}), median TTFT {ttft:+.1f} ms (goal <= +2)")  # fmt: skip
+    for added, revoked in timings:
+        print(f"  keys: a new key answered {added:.2f} s after `keys add` began, refused"
+              f" {revoked:.2f} s after `keys revoke` began (goal <= 5 s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""`keys`: one key per user at the front door."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from generator.cli.app import ConfigArg, OutdirOpt, app, err, out, progress
+from generator.nodes import keys as store
+from generator.operations import doorkeys
+
+keys = typer.Typer(
+    help="The front door's keys, one per user: add, revoke, ls.",
+    epilog="Example: vllm-compose keys add cluster.yaml alice",
+    no_args_is_help=True,
+)
+app.add_typer(keys, name="keys")
+NameArg = Annotated[str, typer.Argument(help="Whose key: a name.", show_default=False)]
+
+
+@keys.command("add", epilog="Example: vllm-compose keys add cluster.yaml alice")
+def add(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
+    """Make a key for NAME, show it once, and let it in at the front door within seconds."""
+    key = store.add(path, name)
+    out.print(key)
+    _pushed(path, outdir, f"{name}'s key")
+
+
+@keys.command("revoke", epilog="Example: vllm-compose keys revoke cluster.yaml alice")
+def revoke(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
+    """Refuse NAME's key at the front door within seconds; the others stay valid."""
+    store.revoke(path, name)
+    _pushed(path, outdir, f"{name}'s key revoked")
+
+
+@keys.command("ls", epilog="Example: vllm-compose keys ls cluster.yaml")
+def ls(path: ConfigArg) -> None:
+    """The keys' names and when each was made (never a key)."""
+    for name, entry in sorted(store.read(path).items()):
+        out.print(f"{name}\t{entry.created}")
+
+
+def _pushed(path: Path, outdir: Path | None, what: str) -> None:
+    took = doorkeys.pushed(path, outdir, progress)
+    if took is None:
+        err.print(f"{what}: kept beside the config; the front door gets it at the next `up`")
+    else:
+        err.print(f"{what}: at the front door ({took:.1f} s)")

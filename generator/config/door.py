@@ -1,0 +1,34 @@
+"""The `front_door` section: HAProxy on the head, in front of the cluster's vLLM (stack/frontdoor.py
+writes its configuration)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from generator.config.sections import IMAGE, Strict, seconds
+
+
+class FrontDoor(Strict):
+    enabled: bool = Field(
+        default=True,
+        description="Clients reach vLLM through the front door, on `vllm.port`; vLLM itself "
+        "listens on the head's loopback only. Off: vLLM answers on `vllm.port` itself.",
+    )
+    image: str = Field(
+        default="haproxy:3.2",
+        pattern=IMAGE,
+        description="HAProxy image the front door runs (2.6 or later).",
+    )
+    hold: int = seconds(
+        120,
+        0,
+        3600,
+        "Seconds a request with no answer yet is held and sent again while its cluster "
+        "recovers, upgrades or reboots; then a 503 with Retry-After.",
+    )
+    requests_per_minute: int = Field(
+        default=0, ge=0, le=1_000_000, description="Per key: requests a minute (0: no limit)."
+    )
+    concurrency: int = Field(
+        default=0, ge=0, le=100_000, description="Per key: requests at once (0: no limit)."
+    )

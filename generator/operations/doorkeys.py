@@ -1,0 +1,24 @@
+"""`keys add|revoke`: the front door's keys changed beside the config, then on the head: its keys'
+map pushed and the front door reloaded, vLLM left as it is."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from generator.base.fanout import Report
+from generator.nodes import door
+from generator.operations import workflow
+
+
+def pushed(path: Path, outdir: Path | None, report: Report) -> float | None:
+    """The map on the head and the front door reloaded; seconds it took, or None when the front
+    door does not run there (the next `up` brings the keys)."""
+    start = time.monotonic()
+    with workflow.opened(path, outdir, report, with_secrets=True) as opened:
+        fleet = opened.fleet
+        if not fleet.running(fleet.head, door.NAME):
+            return None
+        fleet.push_secrets([fleet.head])
+        door.reload(fleet)
+    return time.monotonic() - start

@@ -1,0 +1,203 @@
+"""The front door's HAProxy configuration, run by the real HAProxy (Debian's) on loopback in front
+of plain HTTP servers that say who reached them: our configuration's logic alone (keys, limits,
+routing by model, holding); real vLLM behind it is in the testbed tests."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from generator.stack import frontdoor
+
+# Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
+PORT, UPSTREAMS = 31109, (31110, 31111)
+ROUTES = [
+    frontdoor.Route("tiny", "cluster-a", f"127.0.0.1:{UPSTREAMS[0]}"),
+    frontdoor.Route("other", "cluster-b", f"127.0.0.1:{UPSTREAMS[1]}"),
+]
+KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
+
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's (make setup installs it)
+
+
+class Upstream(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        said = {"port": self.server.server_port, "length": len(body),  # type: ignore[attr-defined]
+                "authorization": self.headers.get("Authorization")}  # fmt: skip
+        out = json.dumps(said).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def upstream(port: int) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
+    """The configuration with its files' paths moved into `folder`."""
+    text = frontdoor.config(PORT, hold, ROUTES, limits)
+    for name, path in [
+        ("keys.map", frontdoor.KEYS),
+        ("models.map", frontdoor.MODELS),
+        ("models.json", frontdoor.MODEL_LIST),
+        ("runtime", frontdoor.RUNTIME),
+    ]:
+        text = text.replace(path, str(folder / name))  # fmt: skip
+    (folder / "keys.map").write_text(
+        frontdoor.keys_map(
+            {
+                "alice": hashlib.sha256(KEY.encode()).hexdigest(),
+                frontdoor.ADMIN: hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
+            }
+        )
+    )
+    (folder / "models.map").write_text(frontdoor.models_map(ROUTES))
+    (folder / "models.json").write_text(frontdoor.model_list(ROUTES))
+    (folder / "haproxy.cfg").write_text(text)
+    return folder / "haproxy.cfg"
+
+
+@pytest.fixture
+def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
+    hold, limits = getattr(request, "param", (3, frontdoor.Limits(0, 0)))
+    config = rendered(tmp_path, hold, limits)
+    checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with (tmp_path / "log").open("w") as log:
+        process = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", PORT), 1):
+                break
+            time.sleep(0.1)
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def send(path: str, body: dict[str, Any] | None, key: str = KEY) -> tuple[int, Any, dict[str, str]]:
+    """(status, JSON body, headers); status 0 when nothing answered."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data, headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response), dict(response.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e), dict(e.headers)
+    except OSError:
+        return 0, None, {}
+
+
+def chat(model: str, key: str = KEY, **more: Any) -> tuple[int, Any, dict[str, str]]:
+    return send("/v1/chat/completions", {"model": model, "messages": [], **more}, key)
+
+
+def test_a_known_key_reaches_its_models_backend_and_the_key_stays_at_the_door(door: None) -> None:
+    servers = [upstream(port) for port in UPSTREAMS]
+    try:
+        status, said, _ = chat("other")
+        assert status == 200 and said["port"] == UPSTREAMS[1]
+        assert said["authorization"] is None
+        # No model named: the door's own cluster, the first route, as vLLM takes it.
+        status, said, _ = send("/v1/completions", {"prompt": "hi"})
+        assert status == 200 and said["port"] == UPSTREAMS[0]
+        # Agents' long prompts: a body of 600 kB is routed by its model all the same.
+        status, said, _ = chat("tiny", padding="x" * 600_000)
+        assert status == 200 and said["port"] == UPSTREAMS[0] and said["length"] > 600_000
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_an_unknown_key_gets_401_and_an_unknown_model_openais_404(door: None) -> None:
+    status, said, _ = chat("tiny", key="sk-mallory")
+    assert status == 401 and said["error"]["code"] == "invalid_api_key"
+    status, said, _ = chat('no"such')
+    assert status == 404 and said["error"]["code"] == "model_not_found"
+    assert said["error"]["message"] == 'The model no"such does not exist.'
+    status, said, _ = send("/v1/models", None)
+    assert status == 200 and [m["id"] for m in said["data"]] == ["tiny", "other"]
+
+
+def test_a_request_is_held_until_its_backend_answers(door: None) -> None:
+    late: list[http.server.ThreadingHTTPServer] = []
+    threading.Timer(1.5, lambda: late.append(upstream(UPSTREAMS[0]))).start()
+    start = time.monotonic()
+    try:
+        status, said, _ = chat("tiny")
+        assert status == 200 and said["port"] == UPSTREAMS[0]
+        assert time.monotonic() - start >= 1.5
+    finally:
+        for server in late:
+            server.shutdown()
+            server.server_close()
+
+
+def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
+    start = time.monotonic()
+    status, said, headers = chat("other")
+    assert time.monotonic() - start >= 3  # the fixture's hold
+    assert status == 503 and said["error"]["type"] == "server_error"
+    assert headers["retry-after"] == str(frontdoor.RETRY_AFTER)
+
+
+@pytest.mark.parametrize("door", [(3, frontdoor.Limits(3, 0))], indirect=True)
+def test_past_its_requests_per_minute_a_key_gets_429_and_the_admin_key_has_no_limit(
+    door: None,
+) -> None:
+    server = upstream(UPSTREAMS[0])
+    try:
+        assert [chat("tiny")[0] for _ in range(3)] == [200, 200, 200]
+        status, said, headers = chat("tiny")
+        assert status == 429 and said["error"]["code"] == "rate_limit_exceeded"
+        assert headers["retry-after"] == "60"
+        assert [chat("tiny", ADMIN_KEY)[0] for _ in range(5)] == [200] * 5
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_model_name_with_a_space_or_a_host_flag_is_refused_behind_the_door() -> None:
+    from generator import config
+    from generator.base.errors import ConfigError
+
+    base = (
+        "name: c\nimage: img:1\naccelerator: none\ninterface: eth1\n"
+        "nodes: [{name: a, ip: 10.0.0.1, context: a}]\nmodel: {path: /models/m}\n"
+    )
+    with pytest.raises(ConfigError) as spaced:
+        config.parse(base + "vllm: {served_model_name: my model}\n", "c.yaml")
+    assert "the front door routes by it" in str(spaced.value.problems)
+    with pytest.raises(ConfigError) as host:
+        config.parse(base + "vllm: {args: [--host, 0.0.0.0]}\n", "c.yaml")
+    assert "front_door.enabled" in str(host.value.problems)
+    opened = config.parse(
+        base + "front_door: {enabled: false}\nvllm: {served_model_name: a b}\n", "c.yaml"
+    )
+    assert opened.served_model_name == "a b"
