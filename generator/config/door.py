@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from generator.config.sections import IMAGE, Strict, seconds
+from generator.config import sections
+from generator.config.sections import Strict, seconds
 
 
 class FrontDoor(Strict):
@@ -14,11 +15,7 @@ class FrontDoor(Strict):
         description="Clients reach vLLM through the front door, on `vllm.port`; vLLM itself "
         "listens on the head's loopback only. Off: vLLM answers on `vllm.port` itself.",
     )
-    image: str = Field(
-        default="haproxy:3.2",
-        pattern=IMAGE,
-        description="HAProxy image the front door runs (2.6 or later).",
-    )
+    image: str = sections.image("haproxy:3.2", "HAProxy image the front door runs (2.6 or later).")
     hold: int = seconds(
         120,
         0,

@@ -43,6 +43,11 @@ def seconds(default: int, low: int, high: int, description: str) -> Any:
     return Field(default=default, ge=low, le=high, description=description)
 
 
+def image(default: str, description: str) -> Any:
+    """A field naming an image, with its default."""
+    return Field(default=default, pattern=IMAGE, description=description)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -240,21 +245,18 @@ class Canary(Strict):
 
 
 class Metrics(Strict):
-    prometheus_image: str = Field(
-        default="prom/prometheus:v3.5.0",
-        pattern=IMAGE,
-        description="Prometheus image, run on the head; it scrapes every exporter over the "
-        "private link and vLLM's /metrics with the API key.",
+    prometheus_image: str = image(
+        "prom/prometheus:v3.5.0",
+        "Prometheus image, run on the head; it scrapes every exporter over the private link and "
+        "vLLM's /metrics (with the API key when there is no front door).",
     )
-    node_exporter_image: str = Field(
-        default="prom/node-exporter:v1.9.1",
-        pattern=IMAGE,
-        description="Node exporter image, run on every node (host CPU, memory, disks, network).",
+    node_exporter_image: str = image(
+        "prom/node-exporter:v1.9.1",
+        "Node exporter image, run on every node (host CPU, memory, disks, network).",
     )
-    dcgm_exporter_image: str = Field(
-        default="nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
-        pattern=IMAGE,
-        description="NVIDIA's DCGM exporter image, run on every node with `accelerator: nvidia`.",
+    dcgm_exporter_image: str = image(
+        "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+        "NVIDIA's DCGM exporter image, run on every node with `accelerator: nvidia`.",
     )
     port: Port = Field(default=9090, description="Port of Prometheus on the head.")
     listen: Annotated[IPv4Address, Field(strict=False)] | None = Field(
