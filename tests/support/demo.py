@@ -45,10 +45,12 @@ def up(backend: str = "ray") -> None:
     root = DockerClient()
     step("images and model (built locally on the first run: about 8 minutes; cached after)")
     image, model = images.vllm_base(root), images.tiny_model(root)
+    door = images.haproxy_image(root)  # the front door's: Debian's HAProxy
     step("two emulated nodes (network namespaces with their own Docker engines)")
     bed = Testbed.load() if (STATE / "testbed.json").exists() else Testbed.create(2)
     head, worker = bed.nodes[:2]
     bed.load_image(image, nodes=[head, worker])
+    bed.load_image(door, nodes=[head])
     for node in (head, worker):
         shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
     CONFIG.parent.mkdir(exist_ok=True)
