@@ -99,10 +99,7 @@ def main() -> None:
     image, model = images.vllm_compile_base(root), images.tiny_model(root)
     figures: dict[str, float] = {}
     with borrowed(2) as bed:
-        head, worker = bed.nodes[:2]
-        bed.load_image(image, nodes=[head, worker])
-        for node in (head, worker):
-            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        head, worker = clusters.place_vllm(bed, image, model)
         shutil.rmtree(WORK, ignore_errors=True)
         WORK.mkdir()
         share = " gpu_memory_utilization: 0.1," if backend == "ray" else ""

@@ -87,10 +87,7 @@ def main() -> None:
     print("setup: images, model, testbed (not timed)", flush=True)
     image, model = images.vllm_base(root), images.tiny_model(root)
     with borrowed(2) as bed:
-        head, worker = bed.nodes[:2]
-        bed.load_image(image, nodes=[head, worker])
-        for node in (head, worker):
-            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        head, worker = clusters.place_vllm(bed, image, model)
         shutil.rmtree(WORK, ignore_errors=True)
         WORK.mkdir()
         # Eager: this CPU image cannot compile; the door's cost does not depend on it.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -139,10 +138,7 @@ def main() -> None:
     print("setup: image, model, testbed (not timed)", flush=True)
     image, model = images.vllm_base(root), images.tiny_model(root)
     with borrowed(2) as bed:
-        head, worker = bed.nodes[:2]
-        bed.load_image(image, nodes=[head, worker])
-        for node in (head, worker):
-            shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+        head, worker = clusters.place_vllm(bed, image, model)
         WORK.mkdir(exist_ok=True)
         utilization = f" gpu_memory_utilization: {RAY_UTILIZATION}," if backend == "ray" else ""
         vllm = (

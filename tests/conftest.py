@@ -39,16 +39,11 @@ def testbed() -> Iterator[Testbed]:
 @pytest.fixture(scope="session")
 def vllm_testbed(testbed: Testbed) -> Testbed:
     """The testbed's first two nodes with the real-vLLM image and the tiny model on each."""
-    import shutil
-    from pathlib import Path
-
     from python_on_whales import DockerClient
 
-    from tests.support import images
+    from tests.support import clusters, images
 
     root = DockerClient()
     image, model = images.vllm_base(root), images.tiny_model(root)
-    testbed.load_image(image, nodes=testbed.nodes[:2])
-    for node in testbed.nodes[:2]:
-        shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+    clusters.place_vllm(testbed, image, model)
     return testbed

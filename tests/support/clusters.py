@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,15 @@ def place_standin_model(bed: Testbed) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text('{"model_type": "stand-in"}\n')
         (folder / "weights.bin").write_bytes(bytes(4096))
+
+
+def place_vllm(bed: Testbed, image: str, model: Path) -> tuple[Node, Node]:
+    """The real-vLLM image and the tiny model on the first two nodes; (head, worker)."""
+    head, worker = bed.nodes[:2]
+    bed.load_image(image, nodes=[head, worker])
+    for node in (head, worker):
+        shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
+    return head, worker
 
 
 def write_config(

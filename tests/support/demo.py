@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +47,8 @@ def up(backend: str = "ray") -> None:
     door = images.haproxy_image(root)  # the front door's: Debian's HAProxy
     step("two emulated nodes (network namespaces with their own Docker engines)")
     bed = Testbed.load() if (STATE / "testbed.json").exists() else Testbed.create(2)
-    head, worker = bed.nodes[:2]
-    bed.load_image(image, nodes=[head, worker])
+    head, worker = clusters.place_vllm(bed, image, model)
     bed.load_image(door, nodes=[head])
-    for node in (head, worker):
-        shutil.copytree(model, Path(node.models) / images.MODEL, dirs_exist_ok=True)
     CONFIG.parent.mkdir(exist_ok=True)
     clusters.write_config(
         CONFIG,
