@@ -4,6 +4,7 @@ FAKE that replays a script of check results; time is a fake clock that sleeping 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -15,7 +16,9 @@ from generator.nodes import events
 from generator.nodes.events import Sign
 from generator.nodes.fleet import Fleet
 from generator.nodes.hardware import Reading
+from generator.operations.deploy import Deployment
 from generator.operations.watch import Policy, watch
+from generator.stack.services import Service
 
 
 class Done(Exception):
@@ -314,6 +317,43 @@ def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path:
     assert [(s.action, s.manual) for s in first] == [("kill", False)]
     assert [(s.action, s.manual) for s in second] == [("die", True)]
     assert not events.heals(second)
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+
+
+@pytest.mark.parametrize(
+    ("backend", "named", "started"),
+    [
+        ("ray", {"spark1": ["ray"]}, {"spark1": ["ray", "serve"]}),
+        ("ray", {"spark2": ["ray"]}, {"spark2": ["ray"]}),  # a worker has no serve
+        ("native", {"spark1": ["serve"]}, {"spark1": ["serve"]}),
+    ],
+)
+def test_a_heads_ray_started_again_takes_its_serve_with_it(
+    backend: str, named: dict[str, list[str]], started: dict[str, list[str]]
+) -> None:
+    """Serve lives in the head's Ray container's process namespace and dies with it; its die
+    may come in a later batch of signs than the kill (seen in CI), so the start names it anyway.
+    A FAKE fleet: what Compose is asked to start is recorded."""
+    up: dict[str, list[str]] = {}
+    lines: list[str] = []
+    one, two = FakeNode("spark1"), FakeNode("spark2")  # hashable, as a Node is
+    ray = [Service("ray", [], None), Service("serve", [], None, pid_of="ray")]
+    native = [Service("serve", [], None)]
+    stacks = {"spark1": ray if backend == "ray" else native, "spark2": [Service("ray", [], None)]}
+    fleet = types.SimpleNamespace(
+        cluster=types.SimpleNamespace(nodes=[one, two]),
+        stacks={name: types.SimpleNamespace(services=s) for name, s in stacks.items()},
+        report=lines.append,
+        contexts_answer=lambda: None,
+        compose_up=lambda node, services: up.__setitem__(node.name, services),
+    )
+    Deployment(cast(Fleet, fleet)).start_again(named)
+    assert up == started
+    assert any("serve too" in line for line in lines) == (started != named)
 
 
 def fake_docker(tmp_path: Path, events_: str, logs: str) -> Fleet:

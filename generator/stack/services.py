@@ -53,6 +53,11 @@ def own(stack: NodeStack) -> list[Service]:
     return [_ray_head(stack), _serve(stack)] if stack.is_head else [_ray_worker(stack)]
 
 
+def sharing(services: list[Service], names: list[str]) -> list[str]:
+    """The services in a named one's process namespace (pid_of) that are not named themselves."""
+    return [s.name for s in services if s.pid_of in names and s.name not in names]
+
+
 def _ray_start(stack: NodeStack) -> list[str]:
     c = stack.cluster
     cmd = ["ray", "start", "--block", "--node-ip-address", str(stack.node.ip)]
