@@ -30,11 +30,11 @@ def cluster(name: str, port: int, backend: str = "ray", memory: float = 0.4) -> 
     return config.parse(BASE.format(name=name, port=port, backend=backend, memory=memory))
 
 
-def claim_of(c: config.Cluster) -> Claim:
-    """The claim as `claims.found` reads it back from a container's labels."""
+def claim_of(c: config.Cluster, service: str = "serve") -> Claim:
+    """The claim as `claims.found` reads it back from one of its containers' labels."""
 
     stack = NodeStack(c, c.head, "c.yaml", "wrapper:1")
-    labels = {**stack.labels, "io.vllm-compose.service": "serve"}
+    labels = {**stack.labels, "io.vllm-compose.service": service}
     state = SimpleNamespace(running=True, status="running", exit_code=0, health=None)
     container = SimpleNamespace(name="x", config=SimpleNamespace(labels=labels), state=state)
     return claims.found({"a": [container]})[c.name]  # type: ignore[list-item]
@@ -82,6 +82,21 @@ def test_the_same_api_port_is_named_with_the_other_cluster() -> None:
     found = claims.clashes(cluster("two", 8000), "a", [claim_of(cluster("one", 8000))], 2**33)
     assert "vllm.port 8000 is taken by cluster 'one' (vllm.port)" in found
     assert "ray.port 6379 is taken by cluster 'one' (ray.port)" in found
+
+
+def test_a_model_another_front_door_on_the_head_routes_to_is_named() -> None:
+    door = claim_of(cluster("one", 8000), "front-door")
+    assert (door.model, door.front_door) == ("/models/m", True)
+    assert door.route == ("/models/m", 8400)
+    found = claims.clashes(cluster("two", 8001, memory=0.1), "a", [door], 2**33)
+    assert found == [
+        "model '/models/m' is served by cluster 'one' behind this node's front doors, which"
+        " route by it: set vllm.served_model_name"
+    ]
+    assert claims.clashes(cluster("two", 8001, memory=0.1), "b", [door], 2**33) == []  # not head
+    two = cluster("two", 8001, memory=0.1)
+    named = two.model_copy(update={"vllm": two.vllm.model_copy(update={"served_model_name": "t"})})
+    assert claims.clashes(named, "a", [door], 2**33) == []
 
 
 def test_memory_over_the_nodes_is_named_with_every_cluster_sharing_it() -> None:

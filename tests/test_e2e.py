@@ -315,7 +315,9 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
     path = config(tmp, bed, "busy", "native", busy_vllm)
     assert cli("up", path, cwd=tmp).returncode == 0
     before = clusters.containers(head, "busy")["serve"].id
-    watcher = clusters.Background("watch", path, "--interval", "1", "--deadline", "1", cwd=tmp)
+    # Checks 2 s apart: each runs `docker exec`s beside serve's own healthcheck, and on two busy
+    # cores an engine swamped by them is slow to list its containers.
+    watcher = clusters.Background("watch", path, "--interval", "2", "--deadline", "1", cwd=tmp)
     stop = threading.Event()
     load = [threading.Thread(target=long_requests, args=(path, stop)) for _ in range(6)]
     try:
@@ -333,7 +335,8 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
         stop.set()
         stopped = watcher.interrupt()
     assert stopped == 130, watcher.output
-    assert not [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
+    recovered = [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
+    assert not recovered, watcher.output
     assert clusters.containers(head, "busy")["serve"].id == before
 
 
@@ -514,7 +517,14 @@ def test_ray_pipeline_parallel_stops_at_the_cpu_builds_limit(pair: Pair) -> None
     assert "node 'spark1': phase 'serve' failed" in up.stderr
     serve_log = head.docker.container.logs("viapp-serve-1")
     assert "Worker_PP1" in serve_log
-    assert "assert self.intermediate_tensors is not None" in serve_log
+    # Ray forwards the stage's traceback to the driver's log only while the driver lives: one
+    # that exits first leaves it in the worker node's Ray logs alone.
+    worker = bed.nodes[1]
+    ray = clusters.containers(worker, "viapp")["ray"]
+    script = "cat /tmp/ray/session_latest/logs/worker-* 2>/dev/null; true"
+    ray_log = str(worker.docker.container.execute(ray, ["sh", "-c", script]))
+    said = "assert self.intermediate_tensors is not None"
+    assert said in serve_log or said in ray_log, str(serve_log)[-3000:]
 
 
 @contextlib.contextmanager

@@ -26,8 +26,8 @@ from generator.stack import frontdoor
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
 ROUTES = [
-    frontdoor.Route("tiny", "cluster-a", f"127.0.0.1:{UPSTREAMS[0]}"),
-    frontdoor.Route("other", "cluster-b", f"127.0.0.1:{UPSTREAMS[1]}"),
+    frontdoor.Route("tiny", UPSTREAMS[0]),  # the door's own cluster's
+    frontdoor.Route("other", UPSTREAMS[1]),  # another cluster's on the node
 ]
 KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
@@ -57,10 +57,10 @@ def upstream(port: int) -> http.server.ThreadingHTTPServer:
 
 def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
     """The configuration with its files' paths moved into `folder`."""
-    text = frontdoor.config(PORT, hold, ROUTES, limits)
+    text = frontdoor.config(PORT, hold, ROUTES[0], limits)
     for name, path in [
         ("keys.map", frontdoor.KEYS),
-        ("models.map", frontdoor.MODELS),
+        ("routes.map", frontdoor.ROUTES),
         ("models.json", frontdoor.MODEL_LIST),
         ("runtime", frontdoor.RUNTIME),
     ]:
@@ -73,7 +73,7 @@ def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
             }
         )
     )
-    (folder / "models.map").write_text(frontdoor.models_map(ROUTES))
+    (folder / "routes.map").write_text(frontdoor.routes_map(ROUTES))
     (folder / "models.json").write_text(frontdoor.model_list(ROUTES))
     (folder / "haproxy.cfg").write_text(text)
     return folder / "haproxy.cfg"
@@ -142,7 +142,28 @@ def test_an_unknown_key_gets_401_and_an_unknown_model_openais_404(door: None) ->
     assert status == 404 and said["error"]["code"] == "model_not_found"
     assert said["error"]["message"] == 'The model no"such does not exist.'
     status, said, _ = send("/v1/models", None)
-    assert status == 200 and [m["id"] for m in said["data"]] == ["tiny", "other"]
+    assert status == 200 and [m["id"] for m in said["data"]] == ["other", "tiny"]  # sorted
+
+
+def test_its_log_names_who_asked_for_which_model_one_line_each_and_never_a_key(
+    door: None, tmp_path: Path
+) -> None:
+    server = upstream(UPSTREAMS[0])
+    try:
+        assert chat("tiny")[0] == 200
+        assert chat("tiny", key="sk-mallory")[0] == 401
+        assert chat("no\nsuch 200 key=admin")[0] == 404  # a forged second line, in the model
+    finally:
+        server.shutdown()
+        server.server_close()
+    deadline = time.monotonic() + 5
+    while len(lines := (tmp_path / "log").read_text().splitlines()) < 3:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.1)
+    assert " 200 " in lines[0] and lines[0].endswith('key="alice" model="tiny"'), lines
+    assert " 401 " in lines[1] and lines[1].endswith('key="" model="-"'), lines
+    assert lines[2].endswith('key="alice" model="no\\nsuch 200 key=admin"') and len(lines) == 3
+    assert KEY not in "".join(lines) and "sk-mallory" not in "".join(lines)
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

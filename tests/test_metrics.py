@@ -117,16 +117,27 @@ def test_prometheus_on_every_address_is_allowed_with_a_warning() -> None:
     assert rules.warnings(config.parse(NATIVE_CPU + "metrics: {}\n")) == []
 
 
-def test_a_changed_scrape_interval_recreates_prometheus_alone() -> None:
-    def fingerprints(text: str) -> dict[str, str]:
-        cluster = config.parse(text)
-        stack = NodeStack(cluster, cluster.head, "m.yaml", "wrapper:1")
-        found = {s.name: s.fingerprint for s in stack.services}
-        return found | {s.name: s.fingerprint for s in stack.sidecars}
+def fingerprints(text: str, wrapper: str = "wrapper:1") -> dict[str, str]:
+    cluster = config.parse(text)
+    stack = NodeStack(cluster, cluster.head, "m.yaml", wrapper)
+    found = {s.name: s.fingerprint for s in stack.services}
+    return found | {s.name: s.fingerprint for s in stack.sidecars}
 
+
+def test_a_changed_scrape_interval_recreates_prometheus_alone() -> None:
     before = fingerprints(NATIVE_CPU + "metrics: {}\n")
     after = fingerprints(NATIVE_CPU + "metrics: {scrape_interval: 5}\n")
     assert [name for name in before if before[name] != after[name]] == ["prometheus"]
+
+
+def test_a_new_vllm_image_recreates_the_group_and_leaves_the_door_and_exporters_running() -> None:
+    """`upgrade` pins the image to its ID: the group changes, and the front door, which holds
+    the clients' requests through the switch, must not."""
+    before = fingerprints(NATIVE_CPU + "metrics: {}\n")
+    newer = NATIVE_CPU.replace("v0.32.0", "v0.33.0") + "metrics: {}\n"
+    after = fingerprints(newer, wrapper="wrapper:2")
+    assert [name for name in before if before[name] != after[name]] == ["serve"]
+    assert {"front-door", "prometheus", "node-exporter"} <= before.keys()
 
 
 def test_rays_metrics_port_is_off_unless_named_as_ray_binds_it_to_every_address() -> None:

@@ -79,12 +79,16 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
     cluster = config.load(CASES / "sample.yaml")
     keys = "0f1e hash-of-K-123 admin\n"  # the front door's: hashes, never keys
     given = {"api_key": "K-123", "ray_token": "T-456", "front_door_keys": keys}
+    given["front_door_routes"] = "/models/m 8400\n"  # made beside the config (nodes/secrets.py)
+    given["front_door_models"] = '{"object": "list", "data": []}\n'
     files = render.render(cluster, "sample.yaml", given)
     secret = {rel: f for rel, f in files.items() if f.secret}
     assert sorted(secret) == [
         "spark-1/secrets/.gitignore",
         "spark-1/secrets/api-key",
         "spark-1/secrets/front-door-keys",  # the head's front door
+        "spark-1/secrets/front-door-models.json",
+        "spark-1/secrets/front-door-routes",
         "spark-1/secrets/ray-token",
         "spark-2/secrets/.gitignore",
         "spark-2/secrets/ray-token",  # a Ray worker: Ray's token, not the API key
@@ -99,6 +103,8 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
         "api_key": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/api-key"},
         "ray_token": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/ray-token"},
         "front_door_keys": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-keys"},
+        "front_door_routes": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-routes"},
+        "front_door_models": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-models.json"},
     }
 
 

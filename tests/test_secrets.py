@@ -37,7 +37,9 @@ def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritt
 
 def test_native_backend_needs_no_ray_token(tmp_path: Path) -> None:
     found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
-    assert set(found.files) == {"api_key", "front_door_keys"}
+    assert set(found.files) == {
+        "api_key", "front_door_keys", "front_door_routes", "front_door_models"
+    }  # fmt: skip
 
 
 def test_a_named_file_that_is_missing_or_readable_by_others_is_refused(tmp_path: Path) -> None:
@@ -66,7 +68,10 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
         "api_key": tmp_path / "keys/api",
         "ray_token": tmp_path / "elsewhere",
         "front_door_keys": tmp_path / "c.front-door-keys",  # made from the API key
+        "front_door_routes": tmp_path / "c.front-door-routes",  # its own model's, to begin
+        "front_door_models": tmp_path / "c.front-door-models.json",
     }
+    assert (tmp_path / "c.front-door-routes").read_text() == "/models/m 8400\n"
     assert found.generated == {}
 
 

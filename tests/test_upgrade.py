@@ -2,7 +2,8 @@
 failure never touches the serving group; a new base image whose vLLM fails at start, and a new
 config whose golden prompt gets the wrong answer, both roll back by themselves and the old stack
 answers; `check` records the healthy group's answers, a good upgrade that changes them is named
-by its canary and, accepted, serves; and `rollback` goes back to the stack before it."""
+by its canary and, accepted, serves; and `rollback` goes back to the stack before it. The front
+door is one container throughout: it holds the clients' requests through every switch."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert cli("up", path, cwd=tmp, timeout=600).returncode == 0
     key, lock_file = clusters.api_key(path), tmp / "upg.lock.json"
     before, first_lock = serving_ids(bed), lock_file.exists() and lock_file.read_text()
+    door = clusters.containers(head, "upg")["front-door"].id  # it holds requests throughout
     checked = cli("check", path, cwd=tmp)
     assert checked.returncode == 0, checked.stderr
     recorded = (tmp / "upg.answers.json").read_text()
@@ -112,6 +114,7 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     assert back.returncode == 0, back.stderr
     assert answers(worker, key) and max_model_len(head) == 256
     assert len(list((tmp / "upg.history").iterdir())) == 3  # up, upgrade, rollback
+    assert clusters.containers(head, "upg")["front-door"].id == door  # never recreated
 
 
 def max_model_len(node: Node) -> int:

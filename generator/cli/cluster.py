@@ -29,7 +29,7 @@ from generator.cli.app import (
 )
 from generator.cli.files import locked
 from generator.cli.release import served
-from generator.nodes import secrets
+from generator.nodes import door, secrets
 from generator.operations import checks as checking
 from generator.operations import evidence, history, observe, workflow
 from generator.operations import preflight as preflight_checks
@@ -157,6 +157,8 @@ def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     outcome = fleet.down()
     for node, what in outcome.items():
         out.print(f"{node}: {what}")
+    if fleet.cluster.front_door.enabled:
+        door.routed(fleet)  # the other doors on its head forget its model
     failed = [node for node, what in outcome.items() if what != "removed"]
     if failed:
         raise DockerError(failed[0], f"not cleaned ({len(failed)} of {len(outcome)} nodes failed)")

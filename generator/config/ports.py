@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 SLOTS = 100
 WORKER_PORTS = 99  # Ray worker processes per node and cluster: 10002 + 99 * slot onwards
 BEHIND_DOOR = 8400  # vLLM on loopback behind the front door: 8400 + slot (clear of 8000 + slot)
+BEHIND_DOOR_NAME = "vLLM behind the front door"  # its name in `opened`
 
 
 def slot(c: Cluster) -> int:
@@ -83,7 +84,7 @@ def opened(c: Cluster) -> dict[str, int]:
     names them; Ray's worker range by its first port."""
     found = {"vllm.port": c.vllm.port, "group.port": group(c)}
     if c.front_door.enabled:
-        found["vLLM behind the front door"] = vllm(c)
+        found[BEHIND_DOOR_NAME] = vllm(c)
     if c.backend == "ray":
         found["ray.port"] = ray_gcs(c)
         if c.ray.dashboard:

@@ -1,14 +1,19 @@
 """The front door on the head's engine: kept running while its group goes down and comes back
-(a request it holds is answered by the group that comes back), and told to read its keys again."""
+(a request it holds is answered by the group that comes back), told to read its keys again, and
+told of every model behind a front door on its node."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from generator.base.errors import reason
+from python_on_whales import Container, DockerClient, DockerException
+
+from generator.base.errors import VllmComposeError, reason
 from generator.base.fanout import each
 from generator.config import Node
+from generator.nodes import secrets
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
+from generator.stack import claims, frontdoor
 
 NAME = "front-door"  # its service (stack/frontdoor.py)
 
@@ -46,10 +51,18 @@ def group_down(
 
 
 def reload(fleet: Fleet) -> None:
-    """HAProxy's master reloads on SIGUSR2: a new worker with the files read again, the old one
-    finishing what it holds (nothing in flight is dropped)."""
-    for container in fleet.docker[fleet.head.name].compose.ps(services=[NAME]):
-        fleet.docker[fleet.head.name].container.kill(container, signal="USR2")
+    """The head's front door reads its files again (`_reload`)."""
+    docker = fleet.docker[fleet.head.name]
+    for container in docker.compose.ps(services=[NAME]):
+        _reload(docker, container)
+
+
+def _reload(docker: DockerClient, container: Container) -> None:
+    """HAProxy's master (the container's first process) reloads on SIGUSR2: a new worker with
+    the files read again, the old one finishing what it holds (nothing in flight is dropped).
+    Sent from inside: a signal through `docker kill` marks the container as stopped by hand,
+    and its restart policy would not start it again after a reboot."""
+    docker.container.execute(container, ["sh", "-c", "kill -USR2 1"])
 
 
 def renewed(fleet: Fleet) -> None:
@@ -58,3 +71,26 @@ def renewed(fleet: Fleet) -> None:
     if fleet.cluster.front_door.enabled and fleet.running(fleet.head, NAME):
         reload(fleet)
         fleet.report(f"secrets: {fleet.head.name}: the front door reads its keys again")
+
+
+def routed(fleet: Fleet) -> None:
+    """Every front door running on the head's node (every cluster's whose head it is) given the
+    routes to every model behind one there, and reloaded: each door's port serves them all.
+    Run after an `up` started the door and after a `down`; a failure is said, not raised (each
+    door still serves its own model)."""
+    docker, node = fleet.docker[fleet.head.name], fleet.head.name
+    try:
+        doors = docker.container.list(filters=[("label", f"{claims.PREFIX}service={NAME}")])
+        found = claims.found({node: doors})  # cluster -> its claim
+        routes = [frontdoor.Route(*c.route) for c in found.values() if c.route]
+        files = {n: text.encode() for n, text in frontdoor.route_files(routes).items()}
+        for container in doors:
+            cluster = (container.config.labels or {})[claims.CLUSTER]
+            if found[cluster].route:
+                secrets.write(docker, node, cluster, fleet.wrapper, files)
+                _reload(docker, container)
+    except (DockerException, VllmComposeError) as e:  # said: each door keeps its routes
+        fleet.report(f"front door: {node}: the routes were not written: {reason(e)}")
+        return
+    models = ", ".join(sorted(r.model for r in routes)) or "none"
+    fleet.report(f"front door: {node}: {len(routes)} model(s) behind each door there: {models}")

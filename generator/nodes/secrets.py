@@ -30,10 +30,10 @@ from generator.nodes import keys
 from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
 from generator.stack.output import write_atomic
 
-DOOR_KEYS = "front_door_keys"  # the only secret made from another, not read from a file
+DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file, not read from a file
 # Read by their containers each time they are used, so written in place (a bind-mounted file's
-# new inode would stay unseen): behind the front door, neither restarts a service.
-IN_PLACE = (DOOR_KEYS, "api_key")
+# new inode would stay unseen): behind the front door, none restarts a service.
+IN_PLACE = (*frontdoor.FILES, "api_key")
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
     for name in secret_names(cluster):
-        if name == DOOR_KEYS:
-            continue  # made from the others (_door_keys)
+        if name in frontdoor.FILES:
+            continue  # made (_door_keys, _door_routes)
         given = named[name]
         path = folder / Path(given).expanduser() if given else folder / _default(config, name)
         if path.exists():
@@ -73,6 +73,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     _distinct(found.files)
     if DOOR_KEYS in secret_names(cluster):
         _door_keys(config, found, generate)
+        _door_routes(config, cluster, found, generate)
     return found
 
 
@@ -87,16 +88,28 @@ def newer(names: list[str], started: datetime, changed: dict[str, float], door: 
 def _door_keys(config: Path, found: Local, generate: bool) -> None:
     """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
     config (mode 0600) when it changed; never a key itself."""
-    path = sidefiles.Beside(config).named(SECRET_NAMES[DOOR_KEYS])
     key = found.files.get("api_key")
-    if key is None or not generate:
-        (found.files if path.exists() else found.missing)[DOOR_KEYS] = path
-        return
-    digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
-    text = frontdoor.keys_map(keys.hashes(config) | {frontdoor.ADMIN: digest})
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
+    text = None
+    if key is not None and generate:
+        digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
+        text = frontdoor.keys_map(keys.hashes(config) | {frontdoor.ADMIN: digest})
+    _made(config, found, DOOR_KEYS, text)
+
+
+def _door_routes(config: Path, cluster: Cluster, found: Local, generate: bool) -> None:
+    """The front door's routes and model list, as they start: its own cluster's model alone
+    (nodes/door.py writes every cluster's on the node once the door runs)."""
+    for name, text in frontdoor.route_files([frontdoor.own(cluster)]).items():
+        _made(config, found, name, text if generate else None)
+
+
+def _made(config: Path, found: Local, name: str, text: str | None) -> None:
+    """A made file beside the config: written (mode 0600) when `text` is not what it holds (None:
+    not made now), then listed as found, or as missing when there is none."""
+    path = sidefiles.Beside(config).named(SECRET_NAMES[name])
+    if text is not None and (not path.exists() or path.read_text(encoding="utf-8") != text):
         write_atomic(path, text, 0o600)
-    found.files[DOOR_KEYS] = path
+    (found.files if path.exists() else found.missing)[name] = path
 
 
 def _default(config: Path, name: str) -> str:
@@ -199,7 +212,22 @@ def push(
     standard input (like `docker cp`: never an argument), then moves them into place under their
     names; a file whose contents are already there is left as it was. One Docker call per node.
     Returns each secret's time of last change on the node (its mtime, node clock): a container
-    started before it has the old one."""
+    started before it has the old one. The front door's routes and model list only seed the
+    node: once there, they are nodes/door.py's (every cluster's on the node, not just ours)."""
+    contents = {n: p.read_bytes() for n, p in files.items()}
+    return write(docker, node, cluster, image, contents, keep=frontdoor.ROUTE_FILES)
+
+
+def write(
+    docker: DockerClient,
+    node: str,
+    cluster: str,
+    image: str,
+    files: dict[str, bytes],
+    keep: tuple[str, ...] = (),
+) -> dict[str, float]:
+    """`push` of the files' contents (secret name -> bytes); those named in `keep` are left as
+    they are when there."""
     if not files:
         return {}
     # A temporary name of its own per file: two writers of one folder (nodes sharing a
@@ -212,10 +240,11 @@ def push(
         # IN_PLACE: the front door reads its keys again on a reload (nodes/door.py), bench
         # reads the API key when it runs.
         put = f"cat {new} > {old} && rm -f {new}" if name in IN_PLACE else f"mv {new} {old}"
-        script += f" && {{ if [ -e {old} ] && cmp -s {new} {old}; then rm -f {new};"
+        same = "true" if name in keep else f"cmp -s {new} {old}"
+        script += f" && {{ if [ -e {old} ] && {same}; then rm -f {new};"
         script += f" else {put} && touch {old}; fi; }}"
         script += f' && echo "changed:{name}:$(stat -c %Y {old})"'
-    archive = _archive({partial[name]: path.read_bytes() for name, path in files.items()})
+    archive = _archive({partial[name]: data for name, data in files.items()})
     folder = f"{SECRETS_DIR}/{cluster}"
     writer = ["run", "--rm", "-i", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
     try:

@@ -1,9 +1,9 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> the front door -> every node's Ray and the head's serve, all at
-    once (native: the headless ranks, then serve), ready at its first real completion. A start
-    phase that fails is named at once, then takes the group down (unless kept for inspection).
+    -> secrets -> preflight -> the front door (its node's routes) -> every node's Ray and the
+    head's serve, all at once (native: the headless ranks, then serve), ready at its first real
+    completion. A failed phase is named at once, then takes the group down (unless kept).
 watch (operations/watch.py decides when): `problems` checks the running group, `recreate` takes
     it down in order and runs `up` again.
 """
@@ -28,6 +28,7 @@ from generator.nodes.hardware import Reading
 from generator.operations import evidence, lock, observe, preflight, readiness
 from generator.operations.stamps import Stamps
 from generator.stack import claims
+from generator.stack.services import sharing
 
 START_TIMEOUT = 150  # creating and starting a service's container with Compose
 
@@ -76,9 +77,7 @@ class Deployment:
         """Everything before a start, none of which touches a running group: contexts, the
         image on every node, the secrets, preflight."""
         fleet, seen, self.seen = self.fleet, self.seen, None
-        # The engines the look opening the config took reached are not asked again; that look
-        # (or one taken now) serves the name, the secrets and preflight. A later stage (watch's
-        # recreate) looks afresh.
+        # Engines the config's opening look reached are not asked again; a recreate looks anew.
         reached, timeout = set(seen or ()), self.timeouts.contexts
         self._phase(result, "contexts", lambda: fleet.contexts_answer(timeout, reached))
         if seen is None or len(seen) < len(fleet.cluster.nodes):  # none taken, or one missed
@@ -121,8 +120,7 @@ class Deployment:
         self, doing: str, done: str, start: dict[str, object] | None = None, door_stays: bool = True
     ) -> None:
         """The group's diagnostics bundle saved (with `start`: how its start went), then its
-        containers removed on every node, the front door's too unless `door_stays` (volumes
-        kept: the compile caches, and the head's /tmp with Ray's session logs)."""
+        containers removed on every node, the front door's unless `door_stays` (volumes kept)."""
         if start is not None:
             evidence.last_start(self.logs, start)
         evidence.write_bundle(self.fleet, self.logs, doing)
@@ -172,13 +170,13 @@ class Deployment:
         if c.front_door.enabled:  # first, and left running: it holds requests while serve starts
             front = {self.fleet.head: [door.NAME]}
             self._phase(result, "front door", lambda: self._started("front door", front))
+            door.routed(self.fleet)
         if c.metrics:  # first: the exporters see the start too
             sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
             self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
         if c.backend == "ray":
             # Every node's Ray and serve at once, as vLLM's run_cluster.sh: vLLM loads while Ray
-            # starts, then waits for the workers in its placement group; `_serve_up` names a node
-            # that did not join in time.
+            # starts, then waits for the workers; `_serve_up` names one that did not join in time.
             ray = {n: ["ray", "serve"] if n == c.head else ["ray"] for n in c.nodes}
             self._phase(result, "ray", lambda: self._started("ray", ray, self.timeouts.ray))
         else:  # the headless ranks, at once (rank 0 waits for them)
@@ -262,17 +260,19 @@ class Deployment:
         return {n: f"{what}, volumes kept" for n, what in door.group_down(self.fleet).items()}
 
     def start_again(self, services: dict[str, list[str]]) -> None:
-        """Each named node's services started again as they were (Compose creates a removed
-        one anew): what watch does for containers killed, stopped or removed through their
-        engine; the group's supervisors re-form the group around them."""
-        nodes = {n.name: n for n in self.fleet.cluster.nodes}
+        """The named services, and those in their process namespace (Ray's serve: its exit may not
+        be in the signs yet), started again as they were; the supervisors re-form the group."""
+        nodes, started = {n.name: n for n in self.fleet.cluster.nodes}, {}
+        for name, names in services.items():
+            if beside := sharing(self.fleet.stacks[name].services, names):
+                self.fleet.report(f"watch: {name}'s {', '.join(beside)} too: in its namespace")
+            started[nodes[name]] = [*names, *beside]
         self.fleet.contexts_answer()  # an engine that went away is named as such
-        self._started("start again", {nodes[name]: names for name, names in services.items()})
+        self._started("start again", started)
 
     def recreate(self) -> Result:
-        """The whole group again: its logs saved, serve, then the workers, then the head down
-        (named volumes kept: the head's /tmp holds Ray's session logs of each try, and every
-        run of vLLM names its files there afresh); then up as `up` does, preflight included."""
+        """The whole group again: its logs saved; serve, the workers, then the head down (volumes
+        kept: the head's /tmp holds each try's Ray logs, named afresh); `up`, preflight included."""
         fleet, head = self.fleet, self.fleet.head
         evidence.write_bundle(fleet, self.logs, "recreate")
         fleet.report("recreate: taking serve, then the workers, then the head down")

@@ -26,6 +26,8 @@ SECRET_NAMES = {
     "hf_token": "hf-token",
     "ray_token": "ray-token",
     "front_door_keys": "front-door-keys",
+    "front_door_routes": "front-door-routes",
+    "front_door_models": "front-door-models.json",
 }
 # vLLM's Ray executor copies the driver's NCCL_*, VLLM_* and HF_* variables to every worker
 # unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
@@ -54,7 +56,7 @@ def secret_names(cluster: Cluster) -> list[str]:
     Ray backend and its token authentication; the HF token when the config names one."""
     names = ["api_key"]
     names += ["ray_token"] if cluster.backend == "ray" and cluster.ray.token_auth else []
-    names += ["front_door_keys"] if cluster.front_door.enabled else []
+    names += list(frontdoor.FILES) if cluster.front_door.enabled else []
     return names + (["hf_token"] if cluster.secrets.hf_token_file else [])
 
 
@@ -178,14 +180,15 @@ class NodeStack:
     def sidecars(self) -> list[monitoring.Sidecar]:
         """Services beside the group (the `metrics` section's), each with its fingerprint."""
         found = monitoring.sidecars(self) + frontdoor.sidecars(self)
-        # A changed prometheus.yml must recreate Prometheus: its content counts too.
-        contents = [[self.configs[name] for name, _ in s.configs] for s in found]
+        # Its own image and settings, and its configs' contents (a changed prometheus.yml must
+        # recreate Prometheus); not the group's image: an upgrade of vLLM leaves the front door
+        # running, holding requests through it.
         return [
-            replace(s, fingerprint=self._fingerprint(s, content))
-            for s, content in zip(found, contents, strict=True)
+            replace(s, fingerprint=_hashed([asdict(s), *(self.configs[n] for n, _ in s.configs)]))
+            for s in found
         ]
 
-    def _fingerprint(self, service: Service | monitoring.Sidecar, *more: object) -> str:
+    def _fingerprint(self, service: Service) -> str:
         """Hash of everything a service is rendered from. Its label changes only when the
         service does, so `compose up` after a config change recreates just what changed."""
         shape = [
@@ -196,9 +199,8 @@ class NodeStack:
             self.devices,
             self.cap_add,
             self.memlock_unlimited,
-            *more,
         ]
-        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+        return _hashed(shape)
 
     # What the template reads, each a plain value
 
@@ -245,3 +247,7 @@ class NodeStack:
         shared = ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
         metrics = [monitoring.PROMETHEUS_DATA] if self.cluster.metrics and self.is_head else []
         return [*shared, self.cache_volume, *metrics]
+
+
+def _hashed(shape: list[object]) -> str:
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()

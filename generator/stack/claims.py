@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 PREFIX = "io.vllm-compose."
 CLUSTER = f"{PREFIX}cluster"
 ENDPOINT = f"{PREFIX}endpoint"
+MODEL = f"{PREFIX}model"  # the served model name, which the front door routes by
 CONFIG = f"{PREFIX}config"  # the name of the config file the stack was rendered from
 
 
@@ -39,6 +40,7 @@ def labels(c: Cluster) -> dict[str, str]:
     return {
         f"{PREFIX}backend": c.backend,
         ENDPOINT: f"http://{c.head.ip}:{c.vllm.port}/v1",
+        MODEL: c.served_model_name,
         f"{PREFIX}ports": json.dumps(spans, separators=(",", ":")),
         f"{PREFIX}gpu-memory": str(gpu_memory(c)),
         f"{PREFIX}object-store": str(object_store(c)),
@@ -56,6 +58,7 @@ class Claim:
     gpu_memory: float = 0.0
     object_store: int = 0
     config: str = "?"
+    model: str = ""  # its served model name
     # node -> service -> "running", "running, unhealthy", "exited (exit 137)", ...
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -68,6 +71,13 @@ class Claim:
             if state not in ("running", "running, healthy")
         ]
         return "; ".join(bad) if bad else "running"
+
+    @property
+    def route(self) -> tuple[str, int] | None:
+        """Its served model and the loopback port its vLLM listens on behind the front door;
+        None for a cluster without one (or labels of an older version)."""
+        behind = self.ports.get(ports.BEHIND_DOOR_NAME)
+        return (self.model, behind.start) if self.model and behind else None
 
     @property
     def front_door(self) -> bool:
@@ -95,6 +105,7 @@ def _read(claim: Claim, own: dict[str, str]) -> None:
     claim.backend = own.get(f"{PREFIX}backend", claim.backend)
     claim.endpoint = own.get(ENDPOINT, claim.endpoint)
     claim.config = own.get(CONFIG, claim.config)
+    claim.model = own.get(MODEL, claim.model)
     try:
         spans = json.loads(own.get(f"{PREFIX}ports", "{}"))
         claim.ports = {name: range(start, stop) for name, (start, stop) in spans.items()}
@@ -134,6 +145,13 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
     found = [f"{name_taken(o)}: a start would replace it" for o in others if o.cluster == c.name]
     others = [o for o in others if o.cluster != c.name]
     found += port_clashes(c, others)
+    if c.front_door.enabled and c.head.name == node:  # `others` as this node's engine sees them
+        found += [
+            f"model {o.model!r} is served by cluster '{o.cluster}' behind this node's front doors"
+            ", which route by it: set vllm.served_model_name"
+            for o in others
+            if o.front_door and o.model == c.served_model_name
+        ]
     total = gpu_memory(c) + sum(o.gpu_memory for o in others)
     if others and total > 1.0 + 1e-9:
         shares = " + ".join(f"{o.gpu_memory:g} of '{o.cluster}'" for o in others)

@@ -4,9 +4,11 @@
   only hashes are on the node. An unknown key gets 401 in OpenAI's error shape.
 - Limits: per key name, requests per minute and requests at once (HAProxy's stick table; 429
   with Retry-After past them). The admin key (the config's API key) has none.
-- Where: the request's `model` (its JSON body, buffered whole) picks the backend through the
-  models' map, model -> backend; an unknown model gets OpenAI's 404; `/v1/models` answers from
-  the models' list file.
+- Where: the request's `model` (its JSON body, buffered whole) picks the vLLM through the
+  routes' map, model -> its loopback port, which holds every cluster on the node behind a front
+  door (each door's port serves them all; nodes/door.py writes it on every `up` and `down`); an
+  unknown model gets OpenAI's 404; `/v1/models` answers from the models' list file. A request
+  naming no model goes to the door's own cluster.
 - Held: a request that has had no byte of answer is sent again (L7 retries, one second apart)
   while its backend is away or answers 5xx, for `hold` seconds; then a 503 with Retry-After.
 
@@ -30,21 +32,26 @@ ADMIN = "admin"  # the config's API key's name in the keys' map: no limits
 BUFSIZE = 1 << 20  # a request up to 1 MiB is buffered whole: held, sent again and routed
 MAXCONN = 1000
 RETRY_AFTER = 10  # seconds a client is told to wait after a held request's deadline
+# Made, not read from a file of the user's; mounted like secrets, and read again on a reload (the
+# routes and the model list are not secret, but are written on the node the same way).
+ROUTE_FILES = ("front_door_routes", "front_door_models")  # every model on the node (route_files)
+FILES = ("front_door_keys", *ROUTE_FILES)
 KEYS = "/run/secrets/front_door_keys"  # hash -> key name, one per line
-MODELS = "/etc/vllm-compose/front-door/models.map"  # model -> backend
-MODEL_LIST = "/etc/vllm-compose/front-door/models.json"  # what /v1/models answers
+ROUTES = "/run/secrets/front_door_routes"  # model -> its vLLM's loopback port
+MODEL_LIST = "/run/secrets/front_door_models"  # what /v1/models answers
+LOG_FORMAT = (
+    '"%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc'
+    ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\""'
+)
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
 CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
-# Compose configs (name -> where the front door reads it).
-CONFIGS = {"front-door-config": CONFIG_FILE, "front-door-models": MODELS,
-           "front-door-model-list": MODEL_LIST}  # fmt: skip
+CONFIG = "front-door-config"  # its Compose config
 
 
 @dataclass(frozen=True)
 class Route:
     model: str  # the served model name clients send
-    backend: str  # a name for HAProxy: letters, digits, '-', '_'
-    address: str  # host:port of that cluster's vLLM
+    port: int  # where that cluster's vLLM listens on the node's loopback
 
 
 @dataclass(frozen=True)
@@ -64,18 +71,10 @@ TOO_MANY = error("Rate limit reached for this key.", "rate_limit_error", "rate_l
 UNAVAILABLE = error("The model is not serving now; try again.", "server_error", "unavailable")
 
 
-def config(port: int, hold: int, routes: list[Route], limits: Limits) -> str:
-    """haproxy.cfg: the frontend on `port` (every address), a backend per route; the first
-    route is the door's own cluster."""
-    return "\n".join(
-        [
-            *_global(),
-            *_defaults(hold),
-            *_frontend(port, limits, routes[0].backend),
-            *_backends(routes),
-            "",
-        ]
-    )
+def config(port: int, hold: int, own: Route, limits: Limits) -> str:
+    """haproxy.cfg: the frontend on `port` (every address); the backend `models` sends a request
+    to its model's vLLM, `own` to the door's own cluster's."""
+    return "\n".join([*_global(), *_defaults(hold), *_frontend(port, limits), *_backends(own), ""])
 
 
 def _global() -> list[str]:
@@ -93,7 +92,10 @@ def _defaults(hold: int) -> list[str]:
         "defaults",
         "    mode http",
         "    log global",
-        "    option httplog",  # method, path, status and times: no header, so no key
+        # `option httplog`'s line (method, path, status and times: no header, so no key), then
+        # the key's name and the model asked for: who asked what, for `logs`.
+        f"    log-format {LOG_FORMAT}",
+        "    option dontlognull",  # a connection that sent nothing (a port probe)
         "    option http-no-delay",  # a token is sent on when it comes, not batched (+180 ms)
         "    timeout connect 1s",
         "    timeout client 1h",  # a long generation, streamed or not
@@ -108,7 +110,7 @@ def _defaults(hold: int) -> list[str]:
     ]
 
 
-def _frontend(port: int, limits: Limits, own: str) -> list[str]:
+def _frontend(port: int, limits: Limits) -> list[str]:
     lines = [
         "frontend api",
         f"    bind :{port}",
@@ -129,9 +131,9 @@ def _frontend(port: int, limits: Limits, own: str) -> list[str]:
         "    http-request return status 200 content-type application/json"
         f" file {MODEL_LIST} if {{ path /v1/models }} {{ method GET }}",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
-        # A request that names no model goes to the door's own cluster, as vLLM takes it.
-        f"    use_backend %[var(txn.model),map({MODELS},unknown)] if {{ var(txn.model) -m found }}",
-        f"    default_backend {own}",
+        f"    use_backend models if {{ var(txn.model),map({ROUTES}) -m found }}",
+        "    use_backend unknown if { var(txn.model) -m found }",
+        "    default_backend own",  # a request naming no model, as vLLM takes it
     ]
     return lines
 
@@ -143,28 +145,39 @@ def _too_many(condition: str, retry_after: int) -> str:
     )
 
 
-def _backends(routes: list[Route]) -> list[str]:
-    lines = [
+def _backends(own: Route) -> list[str]:
+    return [
         "backend unknown",
         "    http-request return status 404 content-type application/json lf-string"
         ' \'{"error":{"message":"The model %[var(txn.model),json(utf8s)] does not exist.",'
         '"type":"invalid_request_error","param":"model","code":"model_not_found"}}\'',
+        "backend models",  # to the port its model's route names, on the loopback
+        "    http-request set-dst ipv4(127.0.0.1)",
+        f"    http-request set-dst-port var(txn.model),map({ROUTES})",
+        "    server vllm 0.0.0.0:0",
+        "backend own",
+        f"    server vllm 127.0.0.1:{own.port}",
     ]
-    for route in routes:
-        lines += [f"backend {route.backend}", f"    server vllm {route.address}"]
-    return lines
 
 
-def models_map(routes: list[Route]) -> str:
-    """model -> backend, one per line (HAProxy's map format: the key ends at the first space,
-    so a model name with a space cannot be routed; config rules refuse one)."""
-    return "".join(f"{r.model} {r.backend}\n" for r in routes)
+def routes_map(routes: list[Route]) -> str:
+    """model -> port, one per line (HAProxy's map format: the key ends at the first space, so a
+    model name with a space cannot be routed; config rules refuse one)."""
+    return "".join(f"{r.model} {r.port}\n" for r in sorted(routes, key=lambda r: r.model))
 
 
 def model_list(routes: list[Route]) -> str:
     """/v1/models' answer: every model behind the front door."""
-    data = [{"id": r.model, "object": "model", "owned_by": "vllm"} for r in routes]
+    data = [
+        {"id": r.model, "object": "model", "owned_by": "vllm"}
+        for r in sorted(routes, key=lambda r: r.model)
+    ]
     return json.dumps({"object": "list", "data": data}) + "\n"
+
+
+def route_files(routes: list[Route]) -> dict[str, str]:
+    """The routes' map and the model list (ROUTE_FILES), by name."""
+    return dict(zip(ROUTE_FILES, [routes_map(routes), model_list(routes)], strict=True))
 
 
 def keys_map(hashes: dict[str, str]) -> str:
@@ -172,17 +185,17 @@ def keys_map(hashes: dict[str, str]) -> str:
     return "".join(f"{digest} {name}\n" for name, digest in sorted(hashes.items()))
 
 
-def routes(c: Cluster) -> list[Route]:
-    """The models behind this front door: the cluster's own."""
-    return [Route(c.served_model_name, f"cluster-{c.name}", f"127.0.0.1:{ports.vllm(c)}")]
+def own(c: Cluster) -> Route:
+    """The cluster's own model behind its front door (the routes' map on the node holds every
+    cluster's there)."""
+    return Route(c.served_model_name, ports.vllm(c))
 
 
 def configs(c: Cluster) -> dict[str, str]:
     """Compose config name -> its content, for the head's stack."""
-    door, found = c.front_door, routes(c)
+    door = c.front_door
     limits = Limits(door.requests_per_minute, door.concurrency)
-    texts = [config(c.vllm.port, door.hold, found, limits), models_map(found), model_list(found)]
-    return dict(zip(CONFIGS, texts, strict=True))
+    return {CONFIG: config(c.vllm.port, door.hold, own(c), limits)}
 
 
 def sidecars(stack: NodeStack) -> list[Sidecar]:
@@ -192,5 +205,5 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
     if not (door.enabled and stack.is_head):
         return []
     command = ["haproxy", "-W", "-db", "-f", CONFIG_FILE]
-    return [Sidecar("front-door", door.image, command, user="0", secrets=["front_door_keys"],
-                    configs=list(CONFIGS.items()))]  # fmt: skip
+    return [Sidecar("front-door", door.image, command, user="0", secrets=list(FILES),
+                    configs=[(CONFIG, CONFIG_FILE)])]  # fmt: skip
