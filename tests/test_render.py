@@ -108,6 +108,24 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
     }
 
 
+@pytest.mark.parametrize("name", ["sample", "native", "four-node-pp"])
+def test_only_the_front_door_mounts_its_files(name: str) -> None:
+    """Its keys' map, routes and model list are the door's alone: serve (head or worker) mounts
+    none, so the worker's folder does not need them and a change to them restarts nothing."""
+    cluster = config.load(CASES / f"{name}.yaml")
+    files = render.render(cluster, f"{name}.yaml", {"api_key": "K-123", "ray_token": "T-456"})
+    stacks = [yaml.safe_load(f.text) for rel, f in files.items() if rel.endswith("compose.yaml")]
+    mounted = {
+        (service, secret)
+        for stack in stacks
+        for service, spec in stack["services"].items()
+        for secret in spec.get("secrets", [])
+        if secret.startswith("front_door")
+    }
+    door = {"front_door_keys", "front_door_routes", "front_door_models"}
+    assert mounted == {("front-door", secret) for secret in door}
+
+
 def test_a_dry_run_never_shows_a_secret(tmp_path: Path) -> None:
     cluster = config.load(CASES / "sample.yaml")
     files = render.render(cluster, "sample.yaml", {"api_key": "K-123", "ray_token": "T-456"})

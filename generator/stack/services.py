@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from generator.base import probes
 from generator.config import ports
+from generator.stack import frontdoor
 
 if TYPE_CHECKING:
     from generator.config import Node
@@ -116,8 +117,8 @@ def _ray_health(test: list[str]) -> Health:
 
 
 def _serve_secrets(stack: NodeStack) -> list[str]:
-    """Every secret but the front door's keys' map (the door alone reads it)."""
-    return [name for name in stack.secrets if name != "front_door_keys"]
+    """Every secret but the front door's files (the door alone reads them)."""
+    return [name for name in stack.secrets if name not in frontdoor.FILES]
 
 
 def _ray_secrets(stack: NodeStack) -> list[str]:
