@@ -99,6 +99,11 @@ class Testbed:
             bed._save()
             for node in bed.nodes:
                 bed._wait_engine(node)
+            # The engines' data outlives a testbed: a run killed with its engines (or a machine
+            # restart) leaves its containers there, and their restart policy starts them again
+            # with the new engine, holding the ports and names a test is about to use.
+            if left := bed.remove_containers():
+                print(f"removed {left} container(s) left in the engines by a run that ended")
         except BaseException:
             bed.destroy()
             raise
@@ -438,16 +443,20 @@ class Testbed:
         if node.name in self.engines:
             self.engines.pop(node.name).wait(timeout=30)
 
-    def remove_containers(self) -> None:
+    def remove_containers(self) -> int:
         """Every container and named volume on the nodes' engines (their images stay: the
-        engines' data outlives a testbed, and a volume left there would outlive it too)."""
+        engines' data outlives a testbed, and a volume left there would outlive it too); returns
+        how many containers there were."""
+        count = 0
         for node in self.nodes:
             ids = sh("docker", "--context", node.context, "ps", "-aq", check=False).stdout.split()
+            count += len(ids)
             if ids:
                 sh("docker", "--context", node.context, "rm", "-f", "-v", *ids, check=False)
             names = sh("docker", "--context", node.context, "volume", "ls", "-q").stdout.split()
             if names:  # the nodes' engines speak API 1.41: no `volume prune --all`
                 sh("docker", "--context", node.context, "volume", "rm", "-f", *names, check=False)
+        return count
 
     def destroy(self) -> None:
         with contextlib.suppress(Exception):
