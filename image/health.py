@@ -159,21 +159,21 @@ def print_load(args: argparse.Namespace) -> str | None:
 
 
 def canary_check(port: int, model: str, timeout: float) -> Callable[[], str | None]:
-    """The head serve's canary (group.py): a one-token completion answered, or tokens counted
-    by vLLM since the last look (a queue full of real work delays the completion; a hung rank
-    stops both)."""
+    """The head serve's canary's completion (canary.py): None when answered, else why not."""
     args = argparse.Namespace(port=port, model=model, prompt=None, timeout=timeout)
-    seen: list[float] = []
+    return lambda: check_serve(args)
 
-    def check() -> str | None:
-        problem = check_serve(args)
+
+def canary_tokens(port: int, timeout: float) -> Callable[[], float | None]:
+    """The head serve's canary's count (canary.py): the tokens vLLM has counted (prompt and
+    generated), None when /metrics could not be read. A queue full of real work delays the
+    completion, not the count; a hung rank stops both."""
+
+    def tokens() -> float | None:
         now = load(port, timeout)
-        tokens = now["tokens"] + now["prompt_tokens"] if isinstance(now, dict) else None
-        moved = tokens is not None and bool(seen) and tokens > seen[-1]
-        seen[:] = [tokens] if tokens is not None else []
-        return None if problem is None or moved else problem
+        return now["tokens"] + now["prompt_tokens"] if isinstance(now, dict) else None
 
-    return check
+    return tokens
 
 
 def drop_caches(_: argparse.Namespace) -> str | None:
@@ -248,8 +248,9 @@ def supervise(args: argparse.Namespace) -> str | None:
     canary = os.environ.get("VLLM_COMPOSE_CANARY")  # "SECONDS PORT MODEL", on the head's serve
     if canary:
         limit, port, model = canary.split(" ", 2)
-        check = canary_check(int(port), model, timeout=min(float(limit), 30))
-        member.canary = Canary(check, limit=float(limit))
+        seconds, every = float(limit), min(float(limit) / 4, 5)
+        check = canary_check(int(port), model, timeout=min(seconds, 30))
+        member.canary = Canary(check, canary_tokens(int(port), every), seconds, every)
     sys.exit(run(member, command))
 
 

@@ -10,11 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from canary import Canary
 
 HEALTH = Path(__file__).parent.parent / "image" / "health.py"
 PORT = 29610
@@ -265,16 +267,58 @@ def test_a_hung_api_breaks_the_group_after_the_canarys_limit_and_only_once_it_an
     api.close()
 
 
+def said_within(canary: Canary, seconds: float) -> tuple[str, float]:
+    """The canary's first verdict naming a hang, asked every 0.1 s for at most `seconds`, and
+    how long it took ('' when none came)."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        if why := canary.verdict():
+            return why, time.monotonic() - began
+        time.sleep(0.1)
+    return "", seconds
+
+
 def test_the_canary_counts_a_server_busy_with_real_work_as_alive() -> None:
+    """Over the stand-in API: a completion held in a full queue while vLLM counts tokens is
+    alive; once the count stands still too, the hang is named about `limit` after it."""
     import health
 
     api = Served()
     check = health.canary_check(api.port, "tiny", timeout=1)
-    assert check() is None
+    canary = Canary(check, health.canary_tokens(api.port, 1), limit=2, every=0.25)
+    assert said_within(canary, 1) == ("", 1)  # answered: armed
+    assert canary.armed
     api.answering.clear()  # the completion waits in a full queue, but tokens are counted
-    assert check() is None
+    assert said_within(canary, 4) == ("", 4)
     api.counting.clear()
-    problem = check()
-    assert problem is not None and "timed out" in problem, problem
+    why, after = said_within(canary, 6)
+    assert why.startswith("its canary failed for 2 s (no answer, no token counted"), why
+    assert 1.5 <= after <= 3.5, after
     api.answering.set()
     api.close()
+
+
+def test_the_canary_names_a_hang_while_the_completion_sent_before_it_still_waits() -> None:
+    """A FAKE completion that hangs (as one sent just before a rank stops) and a count that
+    stands still: named `limit` after the last count moved, not after the completion's own
+    timeout; and never before the first answer of a start (a model still loading)."""
+    waiting = threading.Event()
+    answers: list[str | None] = [None]  # the first answers, the next ones hang until released
+
+    def check() -> str | None:
+        if answers:
+            return answers.pop()
+        waiting.wait(30)
+        return "timed out"
+
+    count = [0.0]
+    canary = Canary(check, lambda: count[0], limit=1.5, every=0.2)
+    assert said_within(canary, 1) == ("", 1)
+    assert canary.armed
+    why, after = said_within(canary, 5)  # nothing moves from here on
+    assert why.startswith("its canary failed for 1.5 s"), why
+    assert after <= 2.5, after
+    canary.restart()  # a new start: not armed again until it answers
+    count[0] = 5.0
+    assert said_within(canary, 2.5) == ("", 2.5)
+    waiting.set()
