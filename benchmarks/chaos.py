@@ -21,8 +21,8 @@ first line about it), the outage clients saw (the longest time in which none of 
 answer, their requests failing or held meanwhile), failed requests (streamed and not), the
 longest an answered request was held, who healed it, and the ratio of the outage to the cold
 `up`. Goals: detection <= 2 s; outage <= 0.6x cold for a, b, c and f, <= 1.0x for d, e, g and h.
-Every load and fault loop is bounded in count and time; traffic goes only to the testbed's own
-addresses.
+Watch's lines of each fault are kept in /tmp/vllm-compose-chaos-watch. Every load and fault loop
+is bounded in count and time; traffic goes only to the testbed's own addresses.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from tests.support.testbed import MODELS, Testbed, borrowed
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT = 30000
 WORK = Path("/tmp/vllm-compose-chaos")
+KEPT = Path("/tmp/vllm-compose-chaos-watch")  # each fault's watch lines, kept after the run
 STEADY = 10  # seconds of answers in a row that end a fault's wait
 GAP = 3  # seconds: the longest silence those may hold (4 clients get several answers a second)
 CLIENTS = 4
@@ -340,6 +341,9 @@ def _fault(bed: Testbed, config: Path, backend: str, key: str, load: Load) -> Fi
     finally:
         watcher.stop()
     lines = watcher.since(at)
+    KEPT.mkdir(exist_ok=True)
+    said = "".join(f"+{t - at:6.1f} s {x}\n" for t, x in lines)
+    (KEPT / f"{backend}-{key}.log").write_text(said)
     return measured(name, detection(lines, at), healer([x for _, x in lines]), load.done, at)
 
 
