@@ -102,8 +102,8 @@ class Testbed:
             # The engines' data outlives a testbed: a run killed with its engines (or a machine
             # restart) leaves its containers there, and their restart policy starts them again
             # with the new engine, holding the ports and names a test is about to use.
-            if left := bed.remove_containers():
-                print(f"removed {left} container(s) left in the engines by a run that ended")
+            if kept := bed.remove_containers():
+                print(f"removed {kept} container(s) left in the engines by a run that ended")
         except BaseException:
             bed.destroy()
             raise
