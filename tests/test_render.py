@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from generator import config
 from generator.stack import output, render
 
 CASES = Path(__file__).parent / "cases"
+# compose-lint (a test dependency) beside the Python running the tests: the venv's bin/, which
+# `make test` does not put on PATH.
+LINT = str(Path(sys.executable).parent / "compose-lint")
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden"
 NAMES = ["sample", "four-node-pp", "native"]
@@ -357,7 +361,7 @@ def test_compose_lint_finds_nothing_that_is_not_justified(name: str, tmp_path: P
     files = sorted(str(p) for p in tmp_path.glob("*/compose.yaml"))
     result = subprocess.run(
         [
-            "compose-lint", "check", "--config", str(ROOT / ".compose-lint.yml"),
+            LINT, "check", "--config", str(ROOT / ".compose-lint.yml"),
             "--strict-config", "--fail-on", "low", "--format", "json", *files,
         ],
         capture_output=True,
