@@ -48,6 +48,8 @@ command -v nc >/dev/null || need_debs+=(netcat-openbsd)  # the model-sync benchm
 command -v tmux >/dev/null || need_debs+=(tmux)  # the test of `top`'s live view
 # The front door's configuration, tested with the real HAProxy (tests/test_frontdoor.py).
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_debs+=(haproxy)
+# The front door's counts per key, from its log: the real mtail (tests/test_frontdoor.py).
+command -v mtail >/dev/null || need_debs+=(mtail)
 [ ${#need_debs[@]} -eq 0 ] || apt_install "${need_debs[@]}"
 python_part
 

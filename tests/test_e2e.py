@@ -79,7 +79,7 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
         tmp, bed, "native", "native", extra=clusters.METRICS, door="requests_per_minute: 3"
     )
     # The metrics images on the head alone: `up` streams the node exporter's to the worker.
-    for tag in (images.PROMETHEUS, images.NODE_EXPORTER):
+    for tag in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):
         bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head])
     with contextlib.suppress(DockerException):
         worker.docker.image.remove(images.NODE_EXPORTER, force=True)
@@ -118,6 +118,11 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     assert [r["metric"]["node"] for r in served] == ["spark1"]
     load = clusters.promql(worker, "node_load1", 2)
     assert sorted(r["metric"]["node"] for r in load) == ["spark1", "spark2"]
+    # The front door's counts per key (mtail, from the door's log lines): the answer's 4 tokens
+    # under the admin key (the config's), and the request refused for want of a key.
+    admin = clusters.promql(worker, 'front_door_generation_tokens_total{key="admin"}', 1)
+    assert float(admin[0]["value"][1]) >= 4 and admin[0]["metric"]["model"] == MODEL, admin
+    assert clusters.promql(worker, 'front_door_requests_total{code="401"} >= 1', 1)
     # Tensor parallelism really spans the nodes: the worker's container holds rank 1 of 2.
     worker_log = worker.docker.container.logs("native-serve-1")
     assert "world_size=2 rank=1" in worker_log
@@ -261,6 +266,12 @@ def keys_at_the_door(bed: Testbed, path: Path) -> None:
         assert revoked.returncode == 0, revoked.stderr
         print(f"alice's key refused {until(worker, alice, '401'):.2f} s after `keys revoke`")
         assert answered(worker, clusters.api_key(path)) == "200"  # the admin key: no limit
+        # Counted per key: alice's 3 answers of 2 tokens at most, then her 429s.
+        query = 'front_door_requests_total{key="alice"}'
+        codes = {r["metric"]["code"]: r["value"][1] for r in clusters.promql(worker, query, 2)}
+        assert codes["200"] == "3" and int(codes["429"]) >= 1, codes
+        tokens = clusters.promql(worker, 'front_door_generation_tokens_total{key="alice"}', 1)
+        assert 3 <= int(tokens[0]["value"][1]) <= 6, tokens
     assert load.done and not [r for r in load.done if not r.ok], load.done[-3:]
     assert clusters.containers(head, path.stem)["serve"].id == serve
 

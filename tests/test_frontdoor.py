@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from generator.stack import frontdoor
+from generator.stack import doorcounts, frontdoor
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
@@ -32,15 +32,26 @@ ROUTES = [
 KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's (make setup installs it)
+MTAIL = shutil.which("mtail") or "/usr/bin/mtail"  # Debian's, too
+COUNTS_LOG, COUNTS = 31120, 31121  # mtail's: the door's lines (UDP) and Prometheus's (HTTP)
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 
 class Upstream(http.server.BaseHTTPRequestHandler):
+    """Says who reached it, with the usage of an answer of 3 tokens for 7 (vLLM's JSON answer);
+    asked for a stream, events instead, the last with the same usage."""
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         said = {"port": self.server.server_port, "length": len(body),  # type: ignore[attr-defined]
-                "authorization": self.headers.get("Authorization")}  # fmt: skip
-        out = json.dumps(said).encode()
+                "authorization": self.headers.get("Authorization"), "usage": USAGE}  # fmt: skip
+        streamed = b'"stream": true' in body
+        out = b"data: %s\n\ndata: [DONE]\n\n" % json.dumps(said).encode() if streamed else b""
+        out = out or json.dumps(said).encode()
         self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
@@ -55,9 +66,9 @@ def upstream(port: int) -> http.server.ThreadingHTTPServer:
     return server
 
 
-def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
+def rendered(folder: Path, hold: int, limits: frontdoor.Limits, counts: int | None = None) -> Path:
     """The configuration with its files' paths moved into `folder`."""
-    text = frontdoor.config(PORT, hold, ROUTES[0], limits)
+    text = frontdoor.config(PORT, hold, ROUTES[0], limits, counts)
     for name, path in [
         ("keys.map", frontdoor.KEYS),
         ("routes.map", frontdoor.ROUTES),
@@ -79,24 +90,31 @@ def rendered(folder: Path, hold: int, limits: frontdoor.Limits) -> Path:
     return folder / "haproxy.cfg"
 
 
-@pytest.fixture
-def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
-    hold, limits = getattr(request, "param", (3, frontdoor.Limits(0, 0)))
-    config = rendered(tmp_path, hold, limits)
-    checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    with (tmp_path / "log").open("w") as log:
-        process = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=log, stderr=log)
+@contextlib.contextmanager
+def started(command: list[str], port: int, log: Path) -> Iterator[None]:
+    """`command` running, once `port` on loopback takes a connection (10 s at most)."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", PORT), 1):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             time.sleep(0.1)
         yield
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture
+def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
+    hold, limits = getattr(request, "param", (3, frontdoor.Limits(0, 0)))
+    config = rendered(tmp_path, hold, limits)
+    checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"):
+        yield
 
 
 def send(path: str, body: dict[str, Any] | None, key: str = KEY) -> tuple[int, Any, dict[str, str]]:
@@ -160,10 +178,76 @@ def test_its_log_names_who_asked_for_which_model_one_line_each_and_never_a_key(
     while len(lines := (tmp_path / "log").read_text().splitlines()) < 3:
         assert time.monotonic() < deadline, lines
         time.sleep(0.1)
-    assert " 200 " in lines[0] and lines[0].endswith('key="alice" model="tiny"'), lines
-    assert " 401 " in lines[1] and lines[1].endswith('key="" model="-"'), lines
-    assert lines[2].endswith('key="alice" model="no\\nsuch 200 key=admin"') and len(lines) == 3
+    assert " 200 " in lines[0] and lines[0].endswith('key="alice" model="tiny" tokens=7/3'), lines
+    assert " 401 " in lines[1] and lines[1].endswith('key="" model="-" tokens=-/-'), lines
+    assert lines[2].endswith('key="alice" model="no\\nsuch 200 key=admin" tokens=-/-'), lines
+    assert len(lines) == 3
     assert KEY not in "".join(lines) and "sk-mallory" not in "".join(lines)
+
+
+@pytest.fixture
+def counted(tmp_path: Path) -> Iterator[None]:
+    """The door with `metrics`: its lines go to the real mtail, running our program."""
+    (tmp_path / "progs").mkdir()
+    (tmp_path / "progs" / "front-door.mtail").write_text(doorcounts.PROGRAM)
+    config = rendered(tmp_path, 3, frontdoor.Limits(0, 0), COUNTS_LOG)
+    mtail = [MTAIL, f"--progs={tmp_path / 'progs'}", f"--logs=udp://127.0.0.1:{COUNTS_LOG}",
+             "--address=127.0.0.1", f"--port={COUNTS}", "--emit_prog_label=false",
+             "--logtostderr"]  # fmt: skip
+    with (
+        started(mtail, COUNTS, tmp_path / "mtail.log"),
+        started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"),
+    ):
+        yield
+
+
+def counts(requests: int, seconds: float = 10) -> dict[str, float]:
+    """mtail's front_door_* series (`name{labels}` -> value), once they count `requests`."""
+    deadline, found = time.monotonic() + seconds, {}
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{COUNTS}/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+        found = {
+            series: float(value)
+            for series, _, value in (line.rpartition(" ") for line in lines)
+            if series.startswith("front_door_")
+        }
+        if sum(v for k, v in found.items() if k.startswith("front_door_requests")) >= requests:
+            break
+        time.sleep(0.2)
+    return found
+
+
+def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_lines(
+    counted: None,
+) -> None:
+    server = upstream(UPSTREAMS[0])
+    try:
+        assert [chat("tiny")[0] for _ in range(2)] == [200, 200]
+        assert chat("tiny", ADMIN_KEY)[0] == 200
+        assert chat("tiny", key="sk-mallory")[0] == 401
+        # A streamed answer: counted, its tokens not (the door passes events on, unread).
+        body = json.dumps({"model": "tiny", "stream": True}).encode()
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as r:
+            assert r.read().endswith(b"data: [DONE]\n\n")
+        # A model named to pose as the fields that follow it in the line, for the admin key.
+        assert chat('x" tokens=99/99 key="admin')[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+    found = counts(6)
+    print(found)
+    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 3
+    assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 14
+    assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 6
+    assert found['front_door_requests_total{code="200",key="admin",model="tiny"}'] == 1
+    assert found['front_door_generation_tokens_total{key="admin",model="tiny"}'] == 3
+    assert found['front_door_requests_total{code="401",key="",model="-"}'] == 1
+    posing = [k for k in found if "99" in k]  # its own, under alice's key, and no token
+    assert len(posing) == 1 and posing[0].startswith('front_door_requests_total{code="404",key="al')
+    assert len(found) == 8 and 99 not in found.values(), found
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

@@ -12,7 +12,7 @@ import yaml
 from generator import config
 from generator.base.errors import ConfigError
 from generator.config import rules
-from generator.stack import NodeStack, monitoring, render
+from generator.stack import NodeStack, doorcounts, frontdoor, monitoring, render
 
 CASES = Path(__file__).parent / "cases"
 
@@ -48,7 +48,9 @@ def test_every_node_runs_its_exporters_on_its_private_ip_and_the_head_runs_prome
     for node in cluster.nodes:
         services = found[node.name]["services"]
         want = {"ray", "node-exporter", "dcgm-exporter"} | (
-            {"serve", "prometheus", "front-door"} if node == cluster.head else set()
+            {"serve", "prometheus", "front-door", "front-door-counts"}
+            if node == cluster.head
+            else set()
         )
         assert set(services) == want, node.name
         exporter = services["node-exporter"]
@@ -77,10 +79,14 @@ def test_prometheus_scrapes_vllm_behind_the_door_and_every_exporter_by_node() ->
     scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
     assert scraped["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s"}
     jobs = {job["job_name"]: job for job in scraped["scrape_configs"]}
-    assert list(jobs) == ["vllm", "node", "ray", "dcgm"]
+    assert list(jobs) == ["vllm", "front_door", "node", "ray", "dcgm"]
     assert "authorization" not in jobs["vllm"]
     assert jobs["vllm"]["static_configs"] == [
         {"targets": ["127.0.0.1:8400"], "labels": {"node": cluster.head.name}}
+    ]
+    # The door's counts per key: mtail on the head's loopback, beside Prometheus.
+    assert jobs["front_door"]["static_configs"] == [
+        {"targets": ["127.0.0.1:3910"], "labels": {"node": cluster.head.name}}
     ]
     for job, port in (("node", 9100), ("ray", 8090), ("dcgm", 9400)):
         assert jobs[job]["static_configs"] == [
@@ -90,10 +96,11 @@ def test_prometheus_scrapes_vllm_behind_the_door_and_every_exporter_by_node() ->
 
 def test_without_a_gpu_or_ray_there_is_no_dcgm_or_ray_target_and_off_means_nothing() -> None:
     found = stacks(NATIVE_CPU + "metrics: {}\n")
-    assert set(found["a"]["services"]) == {"serve", "node-exporter", "prometheus", "front-door"}
+    head = {"serve", "node-exporter", "prometheus", "front-door", "front-door-counts"}
+    assert set(found["a"]["services"]) == head
     assert set(found["b"]["services"]) == {"serve", "node-exporter"}
     scraped = yaml.safe_load(found["a"]["configs"]["prometheus-config"]["content"])
-    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]
+    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "front_door", "node"]
     off = stacks(NATIVE_CPU)
     assert set(off["a"]["services"]) == {"serve", "front-door"}
     assert "prometheus-config" not in off["a"]["configs"]
@@ -145,7 +152,26 @@ def test_rays_metrics_port_is_off_unless_named_as_ray_binds_it_to_every_address(
     head = stacks(ray_cpu + "metrics: {}\n")["a"]
     assert "--metrics-export-port" not in head["services"]["ray"]["command"]
     scraped = yaml.safe_load(head["configs"]["prometheus-config"]["content"])
-    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "node"]
+    assert [job["job_name"] for job in scraped["scrape_configs"]] == ["vllm", "front_door", "node"]
+
+
+def test_the_doors_counts_come_from_mtail_on_the_heads_loopback_fed_its_log_lines() -> None:
+    found = stacks(NATIVE_CPU + "vllm: {port: 8003}\nmetrics: {}\n")["a"]
+    counts = found["services"]["front-door-counts"]
+    assert counts["image"] == "ghcr.io/jaqx0r/mtail:3.2.26" and counts["network_mode"] == "host"
+    # Slot 3: its own UDP port for the door's lines and HTTP port for Prometheus, on loopback.
+    assert "--logs=udp://127.0.0.1:5143" in counts["command"]
+    assert counts["command"][2:4] == ["--address=127.0.0.1", "--port=3913"]
+    assert [c["target"] for c in counts["configs"]] == [doorcounts.PROGRAM_FILE]
+    program = found["configs"][doorcounts.CONFIG]["content"]  # Compose reads $$ as $
+    assert program.replace("$$", "$") == doorcounts.PROGRAM
+    door = found["configs"][frontdoor.CONFIG]["content"]
+    assert "    log 127.0.0.1:5143 format raw local0 info" in door.splitlines()
+    assert "secrets" not in counts and "environment" not in counts
+    # Without metrics, the door logs to its output alone and nothing counts.
+    off = stacks(NATIVE_CPU)["a"]
+    assert "front-door-counts" not in off["services"] and doorcounts.CONFIG not in off["configs"]
+    assert "log 127.0.0.1" not in off["configs"][frontdoor.CONFIG]["content"]
 
 
 def test_without_the_front_door_prometheus_scrapes_vllm_on_the_head_with_the_key() -> None:

@@ -17,6 +17,7 @@ from generator.base import sidefiles
 from generator.base.errors import ConfigError
 from generator.config import rules, validation
 from generator.config.door import FrontDoor
+from generator.config.metrics import Metrics
 from generator.config.profiles import PROFILES, Profile, ProfileName
 from generator.config.sections import (
     ABS_PATH,
@@ -28,7 +29,6 @@ from generator.config.sections import (
     TEXT,
     Canary,
     Group,
-    Metrics,
     Model,
     Node,
     Ray,

@@ -17,6 +17,7 @@ SLOTS = 100
 WORKER_PORTS = 99  # Ray worker processes per node and cluster: 10002 + 99 * slot onwards
 BEHIND_DOOR = 8400  # vLLM on loopback behind the front door: 8400 + slot (clear of 8000 + slot)
 BEHIND_DOOR_NAME = "vLLM behind the front door"  # its name in `opened`
+DOOR_COUNTS_NAME = "the front door's counts (mtail)"  # its name in `opened`
 
 
 def slot(c: Cluster) -> int:
@@ -27,6 +28,17 @@ def vllm(c: Cluster) -> int:
     """Where vLLM itself listens on the head: behind the front door, a loopback port of the
     slot (clients use `vllm.port`, the front door's); without it, `vllm.port`."""
     return BEHIND_DOOR + slot(c) if c.front_door.enabled else c.vllm.port
+
+
+def door_counts(c: Cluster) -> int:
+    """mtail's HTTP port on the head's loopback, where Prometheus reads the front door's counts
+    per key (clear of 3903, mtail's own default, for slot 0 too)."""
+    return 3910 + slot(c)
+
+
+def door_log(c: Cluster) -> int:
+    """The UDP port on the head's loopback where the front door sends mtail its log lines."""
+    return 5140 + slot(c)
 
 
 def ray_gcs(c: Cluster) -> int:
@@ -97,6 +109,8 @@ def opened(c: Cluster) -> dict[str, int]:
     if c.metrics:
         found["metrics.port"] = c.metrics.port
         found["metrics.node_exporter_port"] = c.metrics.node_exporter_port
+        if c.front_door.enabled:
+            found[DOOR_COUNTS_NAME] = door_counts(c)
         if c.backend == "ray" and c.metrics.ray_port:
             found["metrics.ray_port"] = c.metrics.ray_port
         if c.accelerator == "nvidia":

@@ -12,7 +12,7 @@ from functools import cached_property
 
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node, ports
 from generator.config.mounts import model_mount
-from generator.stack import claims, frontdoor, monitoring, services
+from generator.stack import claims, doorcounts, frontdoor, monitoring, services
 from generator.stack.services import Service
 
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
@@ -146,7 +146,7 @@ class NodeStack:
             found[monitoring.DCGM_COUNTERS] = monitoring.dcgm_counters()
         if self.cluster.front_door.enabled and self.is_head:
             found |= frontdoor.configs(self.cluster)
-        return found
+        return found | doorcounts.configs(self)
 
     @property
     def config_targets(self) -> list[tuple[str, str]]:
@@ -179,7 +179,7 @@ class NodeStack:
     @cached_property
     def sidecars(self) -> list[monitoring.Sidecar]:
         """Services beside the group (the `metrics` section's), each with its fingerprint."""
-        found = monitoring.sidecars(self) + frontdoor.sidecars(self)
+        found = monitoring.sidecars(self) + frontdoor.sidecars(self) + doorcounts.sidecars(self)
         # Its own image and settings, and its configs' contents (a changed prometheus.yml must
         # recreate Prometheus); not the group's image: an upgrade of vLLM leaves the front door
         # running, holding requests through it.

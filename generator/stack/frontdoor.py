@@ -11,6 +11,8 @@
   naming no model goes to the door's own cluster.
 - Held: a request that has had no byte of answer is sent again (L7 retries, one second apart)
   while its backend is away or answers 5xx, for `hold` seconds; then a 503 with Retry-After.
+- Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens),
+  to its output and, with `metrics`, to mtail, which counts them per key (stack/doorcounts.py).
 
 HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is in its manual.
 """
@@ -41,7 +43,8 @@ ROUTES = "/run/secrets/front_door_routes"  # model -> its vLLM's loopback port
 MODEL_LIST = "/run/secrets/front_door_models"  # what /v1/models answers
 LOG_FORMAT = (
     '"%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc'
-    ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\""'
+    ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\"'
+    ' tokens=%[var(txn.prompt)]/%[var(txn.generated)]"'
 )
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
 CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
@@ -71,20 +74,27 @@ TOO_MANY = error("Rate limit reached for this key.", "rate_limit_error", "rate_l
 UNAVAILABLE = error("The model is not serving now; try again.", "server_error", "unavailable")
 
 
-def config(port: int, hold: int, own: Route, limits: Limits) -> str:
+def config(port: int, hold: int, own: Route, limits: Limits, counts: int | None = None) -> str:
     """haproxy.cfg: the frontend on `port` (every address); the backend `models` sends a request
-    to its model's vLLM, `own` to the door's own cluster's."""
-    return "\n".join([*_global(), *_defaults(hold), *_frontend(port, limits), *_backends(own), ""])
+    to its model's vLLM, `own` to the door's own cluster's; `counts`: the loopback UDP port its
+    log lines also go to (mtail's)."""
+    front = _frontend(port, limits)
+    return "\n".join([*_global(counts), *_defaults(hold), *front, *_backends(own), ""])
 
 
-def _global() -> list[str]:
-    return [
+def _global(counts: int | None) -> list[str]:
+    lines = [
         "global",
         f"    maxconn {MAXCONN}",
+        # One thread: with more, a thread drops its log line when another is writing one to the
+        # output (HAProxy's DroppedLogs; seen in 1 run of 7 of tests/test_frontdoor.py), and one
+        # forwards far more requests and tokens a second than a model answers.
+        "    nbthread 1",
         f"    tune.bufsize {BUFSIZE}",
         f"    stats socket {RUNTIME} mode 600 level admin expose-fd listeners",
         "    log stdout format raw local0 info",
     ]
+    return lines + ([f"    log 127.0.0.1:{counts} format raw local0 info"] if counts else [])
 
 
 def _defaults(hold: int) -> list[str]:
@@ -128,6 +138,7 @@ def _frontend(port: int, limits: Limits) -> list[str]:
     if limits.concurrency:
         lines.append(_too_many(f"sc_conn_cur(0) gt {limits.concurrency}", 1))
     lines += [
+        *_usage(),
         "    http-request return status 200 content-type application/json"
         f" file {MODEL_LIST} if {{ path /v1/models }} {{ method GET }}",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
@@ -136,6 +147,20 @@ def _frontend(port: int, limits: Limits) -> list[str]:
         "    default_backend own",  # a request naming no model, as vLLM takes it
     ]
     return lines
+
+
+def _usage() -> list[str]:
+    """The tokens of a whole JSON answer, from its `usage`, for the log line. Such an answer comes
+    whole at its end, so waiting for its body (up to the buffer) delays nothing; a streamed one
+    (text/event-stream) is passed on as it comes, unread."""
+    whole = "{ res.hdr(content-type) -m beg application/json }"
+    return [
+        f"    http-response wait-for-body time 1s if {whole}",
+        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens')"
+        f" if {whole}",
+        "    http-response set-var(txn.generated)"
+        f" res.body,json_query('$.usage.completion_tokens') if {whole}",
+    ]
 
 
 def _too_many(condition: str, retry_after: int) -> str:
@@ -195,7 +220,8 @@ def configs(c: Cluster) -> dict[str, str]:
     """Compose config name -> its content, for the head's stack."""
     door = c.front_door
     limits = Limits(door.requests_per_minute, door.concurrency)
-    return {CONFIG: config(c.vllm.port, door.hold, own(c), limits)}
+    counts = ports.door_log(c) if c.metrics else None
+    return {CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts)}
 
 
 def sidecars(stack: NodeStack) -> list[Sidecar]:

@@ -126,6 +126,9 @@ def prometheus_config(c: Cluster) -> str:
     else:
         jobs = [_job("vllm", [c.head], c.vllm.port)]
         jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+    if c.front_door.enabled:  # its counts per key, from mtail on the head's loopback
+        counts = {"targets": [f"127.0.0.1:{ports.door_counts(c)}"], "labels": vllm["labels"]}
+        jobs.append({"job_name": "front_door", "static_configs": [counts]})
     jobs.append(_job("node", c.nodes, m.node_exporter_port))
     if c.backend == "ray" and m.ray_port:
         jobs.append(_job("ray", c.nodes, m.ray_port))

@@ -32,7 +32,7 @@ STANDIN_MODEL = f"{MODELS}/standin-model"
 # second, so that a test sees every target within seconds.
 METRICS = (
     f"metrics: {{prometheus_image: {images.PROMETHEUS}, node_exporter_image: {images.NODE_EXPORTER},"
-    " scrape_interval: 1}"
+    f" mtail_image: {images.MTAIL}, scrape_interval: 1}}"
 )
 
 

@@ -39,9 +39,11 @@ MODEL = "tiny-llama"  # folder name of the generated model
 # official image (prom/prometheus, prom/node-exporter), which `metrics` passes flags to.
 PROMETHEUS = "vllm-compose-test/prometheus:debian-2.42"
 NODE_EXPORTER = "vllm-compose-test/node-exporter:debian-1.5"
+MTAIL = "vllm-compose-test/mtail:debian-3.0.0-rc50"  # the front door's counts
 EXPORTERS = {
     PROMETHEUS: ("prometheus", "prometheus", "/bin/prometheus"),
     NODE_EXPORTER: ("prometheus-node-exporter", "prometheus-node-exporter", "/bin/node_exporter"),
+    MTAIL: ("mtail", "mtail", "/mtail"),  # where the maintainer's image has it
 }
 
 # HAProxy from Debian's package (2.6) where the official image has it in PATH: the front door's.
@@ -220,8 +222,8 @@ def _deb(package: str) -> Path:
 
 
 def metrics_image(docker: DockerClient, tag: str) -> str:
-    """PROMETHEUS or NODE_EXPORTER: the package's binary (Go, it needs only libc) on the minimal
-    Debian, where the official image has it."""
+    """PROMETHEUS, NODE_EXPORTER or MTAIL: the package's binary (Go, it needs only libc) on the
+    minimal Debian, where the official image has it."""
     debian_base(docker)
     if not docker.image.exists(tag):
         package, binary, entrypoint = EXPORTERS[tag]

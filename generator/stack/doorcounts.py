@@ -1,0 +1,72 @@
+"""The front door's counts per key: mtail (Google's log-to-metrics tool) on the head reads the
+door's log lines and serves, for Prometheus, requests by key, model and status, and the prompt and
+generated tokens of every answer that carries its usage.
+
+- The door sends each log line to mtail over UDP on the head's loopback (as well as to its own
+  output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the
+  private link).
+- Tokens: the door reads `usage` from a whole JSON answer (stream: false). A streamed answer's
+  usage, when there is one, comes in its last event, which the door passes on without reading:
+  streamed requests are counted, their tokens are not (the log line says `tokens=-/-`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from generator.config import ports
+from generator.stack.monitoring import Sidecar
+
+if TYPE_CHECKING:
+    from generator.stack import NodeStack
+
+CONFIG = "front-door-counts"  # its Compose config: the mtail program
+PROGRAM_DIR = "/etc/mtail"
+PROGRAM_FILE = f"{PROGRAM_DIR}/front-door.mtail"
+
+# One line a request, as frontdoor.LOG_FORMAT writes it: `option httplog`'s fields (the status
+# follows the five times), then key, model and tokens, last. The line is matched from both ends:
+# what a client sent (the request line, the model) cannot pose as a field of ours.
+PROGRAM = r"""# vllm-compose: the front door's log lines -> counts per key and model.
+counter front_door_requests_total by key, model, code
+counter front_door_prompt_tokens_total by key, model
+counter front_door_generation_tokens_total by key, model
+
+/^\S+ \[[^\]]*\] \S+ \S+ -?\d+\/-?\d+\/-?\d+\/-?\d+\/\+?\d+ (?P<code>\d{3}) / {
+  /key="(?P<key>[^"]*)" model="(?P<model>(?:[^"\\]|\\.)*)" tokens=\S+$/ {
+    front_door_requests_total[$key][$model][$code]++
+    / tokens=(?P<prompt>\d+)\/(?P<generated>\d+)$/ {
+      front_door_prompt_tokens_total[$key][$model] += $prompt
+      front_door_generation_tokens_total[$key][$model] += $generated
+    }
+  }
+}
+"""
+
+
+def wanted(stack: NodeStack) -> bool:
+    """Counted when the door and `metrics` are both on, on the head."""
+    c = stack.cluster
+    return bool(c.metrics and c.front_door.enabled and stack.is_head)
+
+
+def configs(stack: NodeStack) -> dict[str, str]:
+    return {CONFIG: PROGRAM} if wanted(stack) else {}
+
+
+def sidecars(stack: NodeStack) -> list[Sidecar]:
+    """mtail, listening for the door's lines and for Prometheus on the head's loopback."""
+    if not wanted(stack):
+        return []
+    c = stack.cluster
+    assert c.metrics is not None
+    command = [
+        f"--progs={PROGRAM_DIR}",
+        f"--logs=udp://127.0.0.1:{ports.door_log(c)}",
+        "--address=127.0.0.1",
+        f"--port={ports.door_counts(c)}",
+        "--emit_prog_label=false",
+        "--logtostderr",
+    ]
+    return [Sidecar("front-door-counts", c.metrics.mtail_image, command,
+                    configs=[(CONFIG, PROGRAM_FILE)])]  # fmt: skip
