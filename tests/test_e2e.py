@@ -119,7 +119,8 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     load = clusters.promql(worker, "node_load1", 2)
     assert sorted(r["metric"]["node"] for r in load) == ["spark1", "spark2"]
     # The front door's counts per key (mtail, from the door's log lines): the answer's 4 tokens
-    # under the admin key (the config's), and the request refused for want of a key.
+    # under the admin key (the config's) and its model's path, and the request refused for want
+    # of a key.
     admin = clusters.promql(worker, 'front_door_generation_tokens_total{key="admin"}', 1)
     assert float(admin[0]["value"][1]) >= 4 and admin[0]["metric"]["model"] == MODEL, admin
     assert clusters.promql(worker, 'front_door_requests_total{code="401"} >= 1', 1)

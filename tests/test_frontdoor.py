@@ -234,10 +234,11 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
             assert r.read().endswith(b"data: [DONE]\n\n")
         # A model named to pose as the fields that follow it in the line, for the admin key.
         assert chat('x" tokens=99/99 key="admin')[0] == 404
+        assert chat("/models/no-such")[0] == 404  # labelled as sent, its slashes unescaped
     finally:
         server.shutdown()
         server.server_close()
-    found = counts(6)
+    found = counts(7)
     print(found)
     assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 3
     assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 14
@@ -247,7 +248,8 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     assert found['front_door_requests_total{code="401",key="",model="-"}'] == 1
     posing = [k for k in found if "99" in k]  # its own, under alice's key, and no token
     assert len(posing) == 1 and posing[0].startswith('front_door_requests_total{code="404",key="al')
-    assert len(found) == 8 and 99 not in found.values(), found
+    assert found['front_door_requests_total{code="404",key="alice",model="/models/no-such"}'] == 1
+    assert len(found) == 9 and 99 not in found.values(), found
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

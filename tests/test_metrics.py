@@ -158,7 +158,7 @@ def test_rays_metrics_port_is_off_unless_named_as_ray_binds_it_to_every_address(
 def test_the_doors_counts_come_from_mtail_on_the_heads_loopback_fed_its_log_lines() -> None:
     found = stacks(NATIVE_CPU + "vllm: {port: 8003}\nmetrics: {}\n")["a"]
     counts = found["services"]["front-door-counts"]
-    assert counts["image"] == "ghcr.io/jaqx0r/mtail:3.2.26" and counts["network_mode"] == "host"
+    assert counts["image"] == "ghcr.io/jaqx0r/mtail:3.4.9" and counts["network_mode"] == "host"
     # Slot 3: its own UDP port for the door's lines and HTTP port for Prometheus, on loopback.
     assert "--logs=udp://127.0.0.1:5143" in counts["command"]
     assert counts["command"][2:4] == ["--address=127.0.0.1", "--port=3913"]

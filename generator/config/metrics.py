@@ -26,7 +26,7 @@ class Metrics(Strict):
         "NVIDIA's DCGM exporter image, run on every node with `accelerator: nvidia`.",
     )
     mtail_image: str = image(
-        "ghcr.io/jaqx0r/mtail:3.2.26",
+        "ghcr.io/jaqx0r/mtail:3.4.9",
         "mtail image, run on the head with the front door: it counts requests and tokens per "
         "key and model from the door's log, for Prometheus.",
     )

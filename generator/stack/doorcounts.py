@@ -26,7 +26,8 @@ PROGRAM_FILE = f"{PROGRAM_DIR}/front-door.mtail"
 
 # One line a request, as frontdoor.LOG_FORMAT writes it: `option httplog`'s fields (the status
 # follows the five times), then key, model and tokens, last. The line is matched from both ends:
-# what a client sent (the request line, the model) cannot pose as a field of ours.
+# what a client sent (the request line, the model) cannot pose as a field of ours. In the model's
+# label the door's JSON escape of a slash is undone (model paths have them); other escapes stay.
 PROGRAM = r"""# vllm-compose: the front door's log lines -> counts per key and model.
 counter front_door_requests_total by key, model, code
 counter front_door_prompt_tokens_total by key, model
@@ -34,10 +35,10 @@ counter front_door_generation_tokens_total by key, model
 
 /^\S+ \[[^\]]*\] \S+ \S+ -?\d+\/-?\d+\/-?\d+\/-?\d+\/\+?\d+ (?P<code>\d{3}) / {
   /key="(?P<key>[^"]*)" model="(?P<model>(?:[^"\\]|\\.)*)" tokens=\S+$/ {
-    front_door_requests_total[$key][$model][$code]++
+    front_door_requests_total[$key][subst("\/", "/", $model)][$code]++
     / tokens=(?P<prompt>\d+)\/(?P<generated>\d+)$/ {
-      front_door_prompt_tokens_total[$key][$model] += $prompt
-      front_door_generation_tokens_total[$key][$model] += $generated
+      front_door_prompt_tokens_total[$key][subst("\/", "/", $model)] += $prompt
+      front_door_generation_tokens_total[$key][subst("\/", "/", $model)] += $generated
     }
   }
 }
