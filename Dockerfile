@@ -14,5 +14,5 @@ COPY image/entrypoint.sh /usr/local/bin/vllm-compose-entrypoint
 # The health tool: its command, and the modules it imports from the folder it names. No RUN: a
 # build step needs a network, and hosts with Docker's bridge turned off have none.
 COPY image/health.py /usr/local/bin/vllm-compose-health
-COPY image/answers.py image/canary.py image/facts.py image/gpus.py image/group.py image/raychecks.py image/transfer.py /usr/local/lib/vllm-compose/
+COPY image/answers.py image/canary.py image/facts.py image/gpus.py image/group.py image/raychecks.py image/stopping.py image/transfer.py /usr/local/lib/vllm-compose/
 ENTRYPOINT ["/usr/local/bin/vllm-compose-entrypoint"]

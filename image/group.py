@@ -12,7 +12,9 @@ command under `supervise`, which keeps it in step with the group:
   head's GCS) and for its members to have joined that root: after a reboot the group forms again
   in order, with no command run;
 - while it runs, a root or member that restarted, or that did not answer for `grace` seconds,
-  breaks the group: the command is stopped and started again behind the same waits;
+  breaks the group: the command is stopped, its engine and ranks first so that vLLM's API server
+  answers what it holds with an error (image/stopping.py), and started again behind the same
+  waits;
 - a command that exits by itself is started again after a back-off that doubles from 5 s to 60 s
   (reset after 5 minutes of running), said in a line `up` reads as the start's failure; unless a
   peer is gone (vLLM exits when a rank of its group dies): then at once, behind the same waits;
@@ -38,12 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from canary import Canary
+from stopping import stop, stop_broken
 
 POLL = 1.0  # seconds between looks at the root and members while the command runs
 FORM_POLL = 0.2  # the same while waiting for the group to form: every start waits on it
 CONNECT = 0.5  # seconds a look may take (the private link answers in well under a millisecond)
-STOP_GRACE = 20  # seconds the command has to stop on SIGTERM before it is killed
-BREAK_GRACE = 5  # the same when the group broke: a rank hung in a collective ignores SIGTERM
 BACKOFF = (5, 60)  # first and longest pause before a command that exited is started again
 STEADY = 300  # seconds of running after which a command's exit counts as its first failure
 # The lines `up` reads (generator/base/probes.py has the same words): the command started, and the
@@ -180,7 +181,7 @@ def run(member: Member, command: list[str]) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stopping.set()
         if child:
-            _stop(child[0], signum)
+            stop(child[0], signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -203,7 +204,7 @@ def run(member: Member, command: list[str]) -> int:
             return proc.wait()
         if why:
             say(f"{BROKE} {why}; stopping {command[0]} to start it with the group again")
-            _stop(proc, signal.SIGTERM, BREAK_GRACE)
+            stop_broken(proc)
             continue
         if why := _peer_lost(member, seen):  # it exited because its group broke: no back-off
             say(f"{BROKE} {why}; {command[0]} exited with it ({proc.returncode}), starting again")
@@ -262,18 +263,6 @@ def _supervise(
         except subprocess.TimeoutExpired:
             continue
     return ""
-
-
-def _stop(proc: subprocess.Popen[bytes], signum: int, grace: float = STOP_GRACE) -> None:
-    """Signal the command's whole process group; kill it after `grace` seconds."""
-    try:
-        os.killpg(proc.pid, signum)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def _reachable(target: tuple[str, int]) -> bool:

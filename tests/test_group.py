@@ -4,6 +4,7 @@ appends a line to a file at every start."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -322,3 +323,43 @@ def test_the_canary_names_a_hang_while_the_completion_sent_before_it_still_waits
     count[0] = 5.0
     assert said_within(canary, 2.5) == ("", 2.5)
     waiting.set()
+
+
+SERVER = """\
+import pathlib, subprocess, sys, time
+said = pathlib.Path(sys.argv[1])
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+said.write_text("serving")
+engine.wait()
+said.write_text(f"engine gone ({engine.returncode}): error events sent")
+if sys.argv[2] == "lingers":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("after", ["exits", "lingers"])
+def test_a_broken_groups_command_loses_its_engine_first_so_it_can_answer_what_it_holds(
+    tmp_path: Path, after: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in for vLLM's API server (a fake: the stopping order alone) that starts its engine,
+    and says so once the engine is gone; then exits, or lingers and is stopped."""
+    import stopping
+
+    monkeypatch.setattr(stopping, "ENGINE_FIRST", 1)
+    monkeypatch.setattr(stopping, "BREAK_GRACE", 1)
+    said = tmp_path / "said"
+    (tmp_path / "server.py").write_text(SERVER)
+    server = [sys.executable, str(tmp_path / "server.py"), str(said), after]
+    proc = subprocess.Popen(server, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (said.exists() and len(stopping.members(proc.pid)) == 2):
+            assert time.monotonic() < deadline, "the stand-in did not start its engine"
+            time.sleep(0.1)
+        stopping.stop_broken(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert said.read_text() == "engine gone (-9): error events sent"
+    assert proc.returncode == (0 if after == "exits" else -signal.SIGTERM)
+    assert stopping.members(proc.pid) == []

@@ -69,6 +69,7 @@ def test_each_node_folder_holds_the_wrapper_build_context() -> None:
             "image/group.py",
             "image/health.py",
             "image/raychecks.py",
+            "image/stopping.py",
             "image/transfer.py",
         )
     ]

@@ -108,7 +108,7 @@ class NodeStack:
             env["RAY_USAGE_STATS_ENABLED"] = "0"
             # On SIGTERM, Ray 2.58 first drains its node for up to 30 s, for Ray Serve's
             # replicas; vLLM is stopped before Ray, so `down` and a group restart wait for
-            # nothing: Ray stops at once instead of at the 20 s kill (image/group.py).
+            # nothing: Ray stops at once instead of at the 20 s kill (image/stopping.py).
             env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
             env |= ports.ray_environment(self.cluster)
             if self.cluster.ray.token_auth:

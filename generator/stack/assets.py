@@ -19,5 +19,6 @@ IMAGE_FILES = (
     "image/gpus.py",
     "image/group.py",
     "image/raychecks.py",
+    "image/stopping.py",
     "image/transfer.py",
 )
