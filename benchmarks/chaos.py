@@ -47,7 +47,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from benchmarks.day_two import serving, tool
-from tests.support import clusters, images
+from tests.support import clusters, faults, images
 from tests.support.load import Load, Request
 from tests.support.testbed import MODELS, Testbed, borrowed
 
@@ -211,51 +211,8 @@ def power_both(bed: Testbed, config: Path, backend: str) -> None:
         bed.start_engine(node)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process under `pid` (host PIDs, from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _ranks(init: int, backend: str) -> dict[int, str]:
-    """pid -> command line of each rank process under the container's first process: Ray's
-    processes (ray), or every one but the supervisor and the healthcheck (native)."""
-    found = {}
-    for pid in _descendants(init):
-        with contextlib.suppress(OSError):
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            own = "vllm-compose-health" in cmd
-            if cmd.startswith("ray::") if backend == "ray" else not own:
-                found[pid] = cmd
-    return found
-
-
 def hang_worker(bed: Testbed, config: Path, backend: str) -> None:
-    """The worker's rank stops (SIGSTOP) while its container, supervisor and Ray stay: no event,
-    no exit, and the head's completions hang in a collective."""
-    service = "ray" if backend == "ray" else "serve"
-    init = clusters.containers(bed.nodes[1], "chaos")[service].state.pid
-    assert init, "the container is not running"
-    worker = "RayWorker" if backend == "ray" else "VLLM::Worker"
-    deadline = time.monotonic() + 60
-    # The rank itself, not only what is around it (a vLLM between two starts has none).
-    ranks = _ranks(init, backend)
-    while not any(worker in cmd for cmd in ranks.values()):
-        assert time.monotonic() < deadline, f"no rank process to hang in 60 s: {ranks}"
-        time.sleep(1)
-        ranks = _ranks(init, backend)
-    for pid in ranks:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGSTOP)  # a process of a container this run started
+    faults.hang_rank(bed.nodes[1], "chaos", backend)
 
 
 def link_cut(bed: Testbed, config: Path, backend: str) -> None:

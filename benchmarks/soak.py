@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks import chaos
 from benchmarks.day_two import serving, tool
-from tests.support import clusters
+from tests.support import clusters, faults
 from tests.support.load import REQUEST_TIMEOUT, Load
 from tests.support.testbed import Testbed
 
@@ -41,7 +41,7 @@ class Soak:
 def rss(pid: int) -> int:
     """Resident bytes of a process and everything under it."""
     total = 0
-    for one in [pid, *chaos._descendants(pid)]:
+    for one in [pid, *faults.descendants(pid)]:
         try:
             status = Path(f"/proc/{one}/status").read_text()
         except OSError:

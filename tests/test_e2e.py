@@ -21,7 +21,7 @@ import pytest
 from matplotlib import image
 from python_on_whales import DockerClient, DockerException
 
-from tests.support import clusters, images
+from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
 from tests.support.load import Load
 from tests.support.testbed import IFNAME, MODELS, Node, Testbed
@@ -357,6 +357,52 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
     recovered = [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
     assert not recovered, watcher.output
     assert clusters.containers(head, "busy")["serve"].id == before
+
+
+def test_a_hung_rank_ends_a_stream_under_way_with_vllms_own_error_and_the_group_forms_again(
+    pair: Pair,
+) -> None:
+    """The worker's rank stops (SIGSTOP) with a stream under way through the front door: the head's
+    canary breaks the group `group.hang_after` (15 s) after vLLM last made progress, and vLLM's
+    engine is stopped before its API server, so the stream ends with vLLM's own error event, in
+    OpenAI's shape, and [DONE]: never a cut connection, never a hang. The group forms again and
+    answers; a request sent meanwhile is held by the door, not failed."""
+    bed, tmp = pair
+    head, worker = bed.nodes[:2]
+    path = config(tmp, bed, "hung", "native", extra="group: {hang_after: 15}")
+    assert cli("up", path, cwd=tmp).returncode == 0
+    key = clusters.api_key(path)
+    served = answers_counted(head)
+    deadline = time.monotonic() + 60
+    while answers_counted(head) == served:  # the canary's first answer arms it
+        assert time.monotonic() < deadline, "the canary never answered"
+        time.sleep(1)
+    faults.hang_rank(worker, "hung", "native")
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    curl = ["curl", "-sN", "-m", "150", url, "-H", f"Authorization: Bearer {key}",
+            "-H", "Content-Type: application/json", "-w", "\n%{http_code} %{time_total}"]  # fmt: skip
+    start = time.monotonic()
+    streamed = worker.nsexec(*curl, "-d", json.dumps({**request, "stream": True}), check=False)
+    print(f"the stream ended after {time.monotonic() - start:.1f} s:\n{streamed.stdout}")
+    serve = str(head.docker.container.logs(clusters.containers(head, "hung")["serve"]))
+    print(
+        "\n".join(line for line in serve.splitlines() if "vllm-compose" in line or "group" in line)
+    )
+    events = [line[6:] for line in streamed.stdout.splitlines() if line.startswith("data: ")]
+    assert streamed.returncode == 0, streamed  # curl saw the answer end: no cut, no timeout
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 500, events
+    assert "the group broke: its canary failed for 15 s" in serve, serve[-3000:]
+    held = worker.nsexec(*curl, "-d", json.dumps(request))  # sent while the group re-forms
+    answer, status = held.stdout.rsplit("\n", 1)
+    assert status.startswith("200 ") and json.loads(answer)["object"] == "chat.completion", held
+
+
+def answers_counted(head: Node) -> float:
+    """vLLM's count of requests it answered, read on the head behind the front door."""
+    metrics = head.nsexec("curl", "-sf", "-m", "5", "http://127.0.0.1:8400/metrics").stdout
+    found = re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", metrics, re.M)
+    return sum(float(v) for v in found)
 
 
 def long_requests(path: Path, stop: threading.Event) -> None:
