@@ -1,6 +1,6 @@
-"""The front door's counts per key: mtail (Google's log-to-metrics tool) on the head reads the
-door's log lines and serves, for Prometheus, requests by key, model and status, and the prompt and
-generated tokens of every answer that carries its usage.
+"""The front door's counts per key: mtail (a log-to-metrics tool, kept by its author) on the head
+reads the door's log lines and serves, for Prometheus, requests by key, model and status, and the
+prompt and generated tokens of every answer that carries its usage.
 
 - The door sends each log line to mtail over UDP on the head's loopback (as well as to its own
   output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the

@@ -87,8 +87,8 @@ def _global(counts: int | None) -> list[str]:
         "global",
         f"    maxconn {MAXCONN}",
         # One thread: with more, a thread drops its log line when another is writing one to the
-        # output (HAProxy's DroppedLogs; seen in 1 run of 7 of tests/test_frontdoor.py), and one
-        # forwards far more requests and tokens a second than a model answers.
+        # output (HAProxy's DroppedLogs: 3 runs in 20 of two tests of tests/test_frontdoor.py),
+        # and one forwards far more requests and tokens a second than a model answers.
         "    nbthread 1",
         f"    tune.bufsize {BUFSIZE}",
         f"    stats socket {RUNTIME} mode 600 level admin expose-fd listeners",
