@@ -191,9 +191,7 @@ def counted(tmp_path: Path) -> Iterator[None]:
     (tmp_path / "progs").mkdir()
     (tmp_path / "progs" / "front-door.mtail").write_text(doorcounts.PROGRAM)
     config = rendered(tmp_path, 3, frontdoor.Limits(0, 0), COUNTS_LOG)
-    mtail = [MTAIL, f"--progs={tmp_path / 'progs'}", f"--logs=udp://127.0.0.1:{COUNTS_LOG}",
-             "--address=127.0.0.1", f"--port={COUNTS}", "--emit_prog_label=false",
-             "--logtostderr"]  # fmt: skip
+    mtail = [MTAIL, *doorcounts.arguments(COUNTS_LOG, COUNTS, str(tmp_path / "progs"))]
     with (
         started(mtail, COUNTS, tmp_path / "mtail.log"),
         started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"),

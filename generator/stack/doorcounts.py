@@ -61,13 +61,19 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
         return []
     c = stack.cluster
     assert c.metrics is not None
-    command = [
-        f"--progs={PROGRAM_DIR}",
-        f"--logs=udp://127.0.0.1:{ports.door_log(c)}",
+    command = arguments(ports.door_log(c), ports.door_counts(c))
+    return [Sidecar("front-door-counts", c.metrics.mtail_image, command,
+                    configs=[(CONFIG, PROGRAM_FILE)])]  # fmt: skip
+
+
+def arguments(log_port: int, port: int, progs: str = PROGRAM_DIR) -> list[str]:
+    """mtail's flags: the programs in `progs`, the door's lines on UDP `log_port` and Prometheus
+    on `port`, both on the loopback."""
+    return [
+        f"--progs={progs}",
+        f"--logs=udp://127.0.0.1:{log_port}",
         "--address=127.0.0.1",
-        f"--port={ports.door_counts(c)}",
+        f"--port={port}",
         "--emit_prog_label=false",
         "--logtostderr",
     ]
-    return [Sidecar("front-door-counts", c.metrics.mtail_image, command,
-                    configs=[(CONFIG, PROGRAM_FILE)])]  # fmt: skip
