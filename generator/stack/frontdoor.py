@@ -153,13 +153,12 @@ def _usage() -> list[str]:
     """The tokens of a whole JSON answer, from its `usage`, for the log line. Such an answer comes
     whole at its end, so waiting for its body (up to the buffer) delays nothing; a streamed one
     (text/event-stream) is passed on as it comes, unread."""
-    whole = "{ res.hdr(content-type) -m beg application/json }"
     return [
-        f"    http-response wait-for-body time 1s if {whole}",
-        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens')"
-        f" if {whole}",
-        "    http-response set-var(txn.generated)"
-        f" res.body,json_query('$.usage.completion_tokens') if {whole}",
+        "    acl whole res.hdr(content-type) -m beg application/json",
+        "    http-response wait-for-body time 1s if whole",
+        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens') if whole",
+        "    http-response set-var(txn.generated) res.body,json_query('$.usage.completion_tokens')"
+        " if whole",
     ]
 
 
