@@ -156,7 +156,8 @@ def _usage() -> list[str]:
     return [
         "    acl whole res.hdr(content-type) -m beg application/json",
         "    http-response wait-for-body time 1s if whole",
-        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens') if whole",
+        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens')"
+        " if whole",
         "    http-response set-var(txn.generated) res.body,json_query('$.usage.completion_tokens')"
         " if whole",
     ]
