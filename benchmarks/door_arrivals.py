@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from generator.stack import frontdoor
+from generator.stack import doorusage, frontdoor
 
 AT_ONCE = 16
 KEY = "bench-key"
@@ -102,6 +102,7 @@ def configuration(folder: Path, port: int, upstream: int, variant: tuple[str, st
         frontdoor.ROUTES: frontdoor.routes_map([frontdoor.Route("m", upstream)]),
         frontdoor.MODEL_LIST: frontdoor.model_list([frontdoor.Route("m", upstream)]),
         frontdoor.RUNTIME: None,
+        doorusage.FILE: doorusage.SCRIPT,
     }
     for path, content in moved.items():
         local = folder / Path(path).name

@@ -123,6 +123,12 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     # of a key.
     admin = clusters.promql(worker, 'front_door_generation_tokens_total{key="admin"}', 1)
     assert float(admin[0]["value"][1]) >= 4 and admin[0]["metric"]["model"] == MODEL, admin
+    # A streamed answer whose request asked for its usage: counted too (the door's Lua filter
+    # reads vLLM's last event).
+    events = stream(worker, key, usage=True)
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 4, events
+    more = f'front_door_generation_tokens_total{{key="admin"}} >= {float(admin[0]["value"][1]) + 4}'
+    assert clusters.promql(worker, more, 1)
     assert clusters.promql(worker, 'front_door_requests_total{code="401"} >= 1', 1)
     # Tensor parallelism really spans the nodes: the worker's container holds rank 1 of 2.
     worker_log = worker.docker.container.logs("native-serve-1")
@@ -469,14 +475,17 @@ def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -
     return found
 
 
-def stream(node: Node, key: str) -> list[str]:
-    """A streamed chat completion: its server-sent event lines."""
-    request = {
+def stream(node: Node, key: str, usage: bool = False) -> list[str]:
+    """A streamed chat completion (`usage`: asking for it in the last event): its server-sent
+    event lines."""
+    request: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Hello"}],
         "max_tokens": 4,
         "stream": True,
     }
+    if usage:
+        request["stream_options"] = {"include_usage": True}
     url = "http://192.168.200.12:30000/v1/chat/completions"
     out = node.nsexec("curl", "-sfN", "-m", "60", url, "-H", f"Authorization: Bearer {key}",
                       "-H", "Content-Type: application/json", "-d", json.dumps(request))  # fmt: skip

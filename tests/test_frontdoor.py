@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from generator.stack import doorcounts, frontdoor
+from generator.stack import doorcounts, doorusage, frontdoor
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
@@ -41,20 +41,31 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 class Upstream(http.server.BaseHTTPRequestHandler):
     """Says who reached it, with the usage of an answer of 3 tokens for 7 (vLLM's JSON answer);
-    asked for a stream, events instead, the last with the same usage."""
+    asked for a stream, events instead, the last with the same usage, sent in two pieces cut
+    inside that event (whether the request asked for the usage or not: the door must read only
+    the streams that did)."""
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         said = {"port": self.server.server_port, "length": len(body),  # type: ignore[attr-defined]
                 "authorization": self.headers.get("Authorization"), "usage": USAGE}  # fmt: skip
         streamed = b'"stream": true' in body
-        out = b"data: %s\n\ndata: [DONE]\n\n" % json.dumps(said).encode() if streamed else b""
-        out = out or json.dumps(said).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
-        self.send_header("Content-Length", str(len(out)))
+        if not streamed:
+            out = json.dumps(said).encode()
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.wfile.write(out)
+        out = b"data: %s\n\ndata: [DONE]\n\n" % json.dumps(said).encode()
+        cut = out.index(b'"usage"') + 12
+        for piece in (out[:cut], out[cut:], b""):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+            time.sleep(0.05)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -74,6 +85,7 @@ def rendered(folder: Path, hold: int, limits: frontdoor.Limits, counts: int | No
         ("routes.map", frontdoor.ROUTES),
         ("models.json", frontdoor.MODEL_LIST),
         ("runtime", frontdoor.RUNTIME),
+        ("stream-usage.lua", doorusage.FILE),
     ]:
         text = text.replace(path, str(folder / name))  # fmt: skip
     (folder / "keys.map").write_text(
@@ -86,6 +98,7 @@ def rendered(folder: Path, hold: int, limits: frontdoor.Limits, counts: int | No
     )
     (folder / "routes.map").write_text(frontdoor.routes_map(ROUTES))
     (folder / "models.json").write_text(frontdoor.model_list(ROUTES))
+    (folder / "stream-usage.lua").write_text(doorusage.SCRIPT)
     (folder / "haproxy.cfg").write_text(text)
     return folder / "haproxy.cfg"
 
@@ -224,23 +237,21 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
         assert [chat("tiny")[0] for _ in range(2)] == [200, 200]
         assert chat("tiny", ADMIN_KEY)[0] == 200
         assert chat("tiny", key="sk-mallory")[0] == 401
-        # A streamed answer: counted, its tokens not (the door passes events on, unread).
-        body = json.dumps({"model": "tiny", "stream": True}).encode()
-        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-        url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
-        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as r:
-            assert r.read().endswith(b"data: [DONE]\n\n")
+        # Streamed answers: counted; their tokens only when the request asked for its usage.
+        assert stream({"model": "tiny", "stream": True}).endswith(b"data: [DONE]\n\n")
+        asked = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
+        assert stream(asked).endswith(b"data: [DONE]\n\n")
         # A model named to pose as the fields that follow it in the line, for the admin key.
         assert chat('x" tokens=99/99 key="admin')[0] == 404
         assert chat("/models/no-such")[0] == 404  # labelled as sent, its slashes unescaped
     finally:
         server.shutdown()
         server.server_close()
-    found = counts(7)
+    found = counts(8)
     print(found)
-    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 3
-    assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 14
-    assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 6
+    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 4
+    assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 21
+    assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 9
     assert found['front_door_requests_total{code="200",key="admin",model="tiny"}'] == 1
     assert found['front_door_generation_tokens_total{key="admin",model="tiny"}'] == 3
     assert found['front_door_requests_total{code="401",key="",model="-"}'] == 1
@@ -248,6 +259,15 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     assert len(posing) == 1 and posing[0].startswith('front_door_requests_total{code="404",key="al')
     assert found['front_door_requests_total{code="404",key="alice",model="/models/no-such"}'] == 1
     assert len(found) == 9 and 99 not in found.values(), found
+
+
+def stream(body: dict[str, Any]) -> bytes:
+    """A streamed chat completion with alice's key: the whole answer."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return bytes(r.read())
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

@@ -5,9 +5,9 @@ prompt and generated tokens of every answer that carries its usage.
 - The door sends each log line to mtail over UDP on the head's loopback (as well as to its own
   output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the
   private link).
-- Tokens: the door reads `usage` from a whole JSON answer (stream: false). A streamed answer's
-  usage, when there is one, comes in its last event, which the door passes on without reading:
-  streamed requests are counted, their tokens are not (the log line says `tokens=-/-`).
+- Tokens: the door reads `usage` from a whole JSON answer (stream: false), and from a streamed
+  answer's last event when the request asked for it (stack/doorusage.py); a stream that did not
+  ask is counted as a request, with no tokens (the log line says `tokens=-/-`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@
   naming no model goes to the door's own cluster.
 - Held: a request that has had no byte of answer is sent again (L7 retries, one second apart)
   while its backend is away or answers 5xx, for `hold` seconds; then a 503 with Retry-After.
-- Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens),
-  to its output and, with `metrics`, to mtail, which counts them per key (stack/doorcounts.py).
+- Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens:
+  a whole JSON answer's `usage`, or a stream's last event's, read by a Lua filter, when the
+  request asked for it: stack/doorusage.py), to its output and, with `metrics`, to mtail, which
+  counts them per key (stack/doorcounts.py).
 
 HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is in its manual.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from generator.config import ports
+from generator.stack import doorusage
 from generator.stack.monitoring import Sidecar
 
 if TYPE_CHECKING:
@@ -93,6 +96,7 @@ def _global(counts: int | None) -> list[str]:
         f"    tune.bufsize {BUFSIZE}",
         f"    stats socket {RUNTIME} mode 600 level admin expose-fd listeners",
         "    log stdout format raw local0 info",
+        f"    lua-load {doorusage.FILE}",
     ]
     return lines + ([f"    log 127.0.0.1:{counts} format raw local0 info"] if counts else [])
 
@@ -125,6 +129,7 @@ def _frontend(port: int, limits: Limits) -> list[str]:
         "frontend api",
         f"    bind :{port}",
         "    option http-buffer-request",
+        f"    filter lua.{doorusage.FILTER}",
         "    stick-table type string len 64 size 10k expire 2m store http_req_rate(1m),conn_cur",
         "    http-request set-var(txn.key) req.hdr(authorization),word(2,' '),sha2(256),hex,lower,"
         f"map({KEYS})",
@@ -142,6 +147,8 @@ def _frontend(port: int, limits: Limits) -> list[str]:
         "    http-request return status 200 content-type application/json"
         f" file {MODEL_LIST} if {{ path /v1/models }} {{ method GET }}",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
+        f"    http-request set-var({doorusage.ASKED})"
+        " req.body,json_query('$.stream_options.include_usage')",
         f"    use_backend models if {{ var(txn.model),map({ROUTES}) -m found }}",
         "    use_backend unknown if { var(txn.model) -m found }",
         "    default_backend own",  # a request naming no model, as vLLM takes it
@@ -152,7 +159,7 @@ def _frontend(port: int, limits: Limits) -> list[str]:
 def _usage() -> list[str]:
     """The tokens of a whole JSON answer, from its `usage`, for the log line. Such an answer comes
     whole at its end, so waiting for its body (up to the buffer) delays nothing; a streamed one
-    (text/event-stream) is passed on as it comes, unread."""
+    (text/event-stream) is passed on as it comes (doorusage.py reads its last event)."""
     return [
         "    acl whole res.hdr(content-type) -m beg application/json",
         "    http-response wait-for-body time 1s if whole",
@@ -221,7 +228,10 @@ def configs(c: Cluster) -> dict[str, str]:
     door = c.front_door
     limits = Limits(door.requests_per_minute, door.concurrency)
     counts = ports.door_log(c) if c.metrics else None
-    return {CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts)}
+    return {
+        CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts),
+        doorusage.CONFIG: doorusage.SCRIPT,
+    }
 
 
 def sidecars(stack: NodeStack) -> list[Sidecar]:
@@ -231,5 +241,6 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
     if not (door.enabled and stack.is_head):
         return []
     command = ["haproxy", "-W", "-db", "-f", CONFIG_FILE]
+    files = [(CONFIG, CONFIG_FILE), (doorusage.CONFIG, doorusage.FILE)]
     return [Sidecar("front-door", door.image, command, user="0", secrets=list(FILES),
-                    configs=[(CONFIG, CONFIG_FILE)])]  # fmt: skip
+                    configs=files)]  # fmt: skip
