@@ -25,9 +25,11 @@ function Usage:new()
   return setmetatable({{tail = ""}}, Usage)
 end
 
--- Read only the answers of streams that asked for their usage (a boolean var reads as 1).
+-- Read only the answers of streams that asked for their usage. A boolean var reads as 1 (as
+-- HAProxy 2.6 gives it to Lua) or as true (a later HAProxy may).
 function Usage:start_analyze(txn, chn)
-  if chn:is_resp() and txn:get_var("{ASKED}") == 1 then
+  local asked = txn:get_var("{ASKED}")
+  if chn:is_resp() and (asked == 1 or asked == true) then
     filter.register_data_filter(self, chn)
   end
 end
