@@ -46,10 +46,7 @@ L7 = "empty-response 500 502 503 504"  # what the door retries besides a refused
 VARIANTS = {  # name -> (what is replaced in the default configuration, by what)
     "the door (defaults)": ("", ""),
     "16 KiB buffer": (f"tune.bufsize {frontdoor.BUFSIZE}", "tune.bufsize 16384"),
-    "no L7 retries": (
-        "retry-on conn-failure empty-response 500 502 503 504",
-        "retry-on conn-failure",
-    ),
+    "no L7 retries": (f"retry-on conn-failure {L7}", "retry-on conn-failure"),
 }
 DIRECT = "direct (the stand-in)"
 
