@@ -15,6 +15,10 @@ CONFIG = "front-door-stream-usage"  # its Compose config
 FILE = "/etc/vllm-compose/front-door/stream-usage.lua"
 FILTER = "stream-usage"  # `filter lua.stream-usage` in the door's frontend
 ASKED = "txn.stream_usage"  # set from the request: $.stream_options.include_usage
+# The answer's tokens, set here for a stream and by the door's rules for a whole JSON answer;
+# its log line says them (frontdoor.LOG_FORMAT).
+PROMPT = "txn.prompt"
+GENERATED = "txn.generated"
 
 SCRIPT = f"""\
 -- vllm-compose's front door: a streamed answer's tokens, from the `usage` of its last event.
@@ -43,8 +47,8 @@ local function read(self, txn, data)
       local prompt = txn.c:json_query(event, "$.usage.prompt_tokens")
       local generated = txn.c:json_query(event, "$.usage.completion_tokens")
       if prompt and generated then
-        txn:set_var("txn.prompt", prompt)
-        txn:set_var("txn.generated", generated)
+        txn:set_var("{PROMPT}", prompt)
+        txn:set_var("{GENERATED}", generated)
       end
     end
   end

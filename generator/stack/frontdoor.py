@@ -47,8 +47,10 @@ MODEL_LIST = "/run/secrets/front_door_models"  # what /v1/models answers
 LOG_FORMAT = (
     '"%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc'
     ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\"'
-    ' tokens=%[var(txn.prompt)]/%[var(txn.generated)]"'
+    f' tokens=%[var({doorusage.PROMPT})]/%[var({doorusage.GENERATED})]"'
 )
+# A whole JSON answer's usage fields, by the variable each sets (as the Lua filter does a stream's)
+USAGE = [(doorusage.PROMPT, "prompt_tokens"), (doorusage.GENERATED, "completion_tokens")]
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
 CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
 CONFIG = "front-door-config"  # its Compose config
@@ -163,10 +165,10 @@ def _usage() -> list[str]:
     return [
         "    acl whole res.hdr(content-type) -m beg application/json",
         "    http-response wait-for-body time 1s if whole",
-        "    http-response set-var(txn.prompt) res.body,json_query('$.usage.prompt_tokens')"
-        " if whole",
-        "    http-response set-var(txn.generated) res.body,json_query('$.usage.completion_tokens')"
-        " if whole",
+        *(
+            f"    http-response set-var({var}) res.body,json_query('$.usage.{field}') if whole"
+            for var, field in USAGE
+        ),
     ]
 
 
