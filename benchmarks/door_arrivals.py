@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import shutil
 import socket
@@ -35,7 +34,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from generator.stack import doorusage, frontdoor
+from generator.stack import frontdoor
+from tests.support.door import runnable
 
 AT_ONCE = 16
 KEY = "bench-key"
@@ -92,26 +92,14 @@ async def median_arrival(stand_in: StandIn, port: int) -> float:
 
 
 def configuration(folder: Path, port: int, upstream: int, variant: tuple[str, str]) -> Path:
-    """The door's haproxy.cfg as the tool renders it, its files moved into `folder`."""
-    text = frontdoor.config(port, 120, frontdoor.Route("m", upstream), frontdoor.Limits(0, 0))
-    moved = {
-        frontdoor.KEYS: f"{hashlib.sha256(KEY.encode()).hexdigest()} {frontdoor.ADMIN}\n",
-        frontdoor.ROUTES: frontdoor.routes_map([frontdoor.Route("m", upstream)]),
-        frontdoor.MODEL_LIST: frontdoor.model_list([frontdoor.Route("m", upstream)]),
-        frontdoor.RUNTIME: None,
-        doorusage.FILE: doorusage.SCRIPT,
-    }
-    for path, content in moved.items():
-        local = folder / Path(path).name
-        if content is not None:
-            local.write_text(content)
-        text = text.replace(path, str(local))
+    """The door's haproxy.cfg as the tool renders it, the variant's change made, runnable here."""
+    route = frontdoor.Route("m", upstream)
+    text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0))
     old, new = variant
     if old not in text:
         raise SystemExit(f"door_arrivals: {old!r} is no longer in the door's configuration")
-    cfg = folder / "haproxy.cfg"
-    cfg.write_text(text.replace(old, new) if old else text)
-    return cfg
+    changed = text.replace(old, new) if old else text
+    return runnable(folder, changed, {frontdoor.ADMIN: KEY}, [route])
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ routing by model, holding); real vLLM behind it is in the testbed tests."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.server
 import json
 import shutil
@@ -21,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from generator.stack import doorcounts, doorusage, frontdoor
+from generator.stack import doorcounts, frontdoor
+from tests.support.door import runnable
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
@@ -78,29 +78,10 @@ def upstream(port: int) -> http.server.ThreadingHTTPServer:
 
 
 def rendered(folder: Path, hold: int, limits: frontdoor.Limits, counts: int | None = None) -> Path:
-    """The configuration with its files' paths moved into `folder`."""
+    """The configuration, runnable here from `folder`."""
     text = frontdoor.config(PORT, hold, ROUTES[0], limits, counts)
-    for name, path in [
-        ("keys.map", frontdoor.KEYS),
-        ("routes.map", frontdoor.ROUTES),
-        ("models.json", frontdoor.MODEL_LIST),
-        ("runtime", frontdoor.RUNTIME),
-        ("stream-usage.lua", doorusage.FILE),
-    ]:
-        text = text.replace(path, str(folder / name))  # fmt: skip
-    (folder / "keys.map").write_text(
-        frontdoor.keys_map(
-            {
-                "alice": hashlib.sha256(KEY.encode()).hexdigest(),
-                frontdoor.ADMIN: hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
-            }
-        )
-    )
-    (folder / "routes.map").write_text(frontdoor.routes_map(ROUTES))
-    (folder / "models.json").write_text(frontdoor.model_list(ROUTES))
-    (folder / "stream-usage.lua").write_text(doorusage.SCRIPT)
-    (folder / "haproxy.cfg").write_text(text)
-    return folder / "haproxy.cfg"
+    keys = {"alice": KEY, frontdoor.ADMIN: ADMIN_KEY}
+    return runnable(folder, text, keys, ROUTES)
 
 
 @contextlib.contextmanager

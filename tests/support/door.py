@@ -1,0 +1,31 @@
+"""The front door's HAProxy configuration, as the tool renders it, made runnable by the host's
+haproxy: its files (keys' map, routes, model list, Lua filter, runtime socket) moved from their
+places in the container into a folder of the caller's."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from generator.stack import doorusage, frontdoor
+
+
+def runnable(folder: Path, text: str, keys: dict[str, str], routes: list[frontdoor.Route]) -> Path:
+    """`text` (a rendered haproxy.cfg) written to `folder`, with its files beside it: `keys`,
+    name -> key (hashed here, as on the node), and `routes`. Returns the configuration's path."""
+    hashes = {name: hashlib.sha256(key.encode()).hexdigest() for name, key in keys.items()}
+    files = {
+        frontdoor.KEYS: frontdoor.keys_map(hashes),
+        frontdoor.ROUTES: frontdoor.routes_map(routes),
+        frontdoor.MODEL_LIST: frontdoor.model_list(routes),
+        frontdoor.RUNTIME: None,  # made by haproxy
+        doorusage.FILE: doorusage.SCRIPT,
+    }
+    for path, content in files.items():
+        local = folder / Path(path).name
+        if content is not None:
+            local.write_text(content)
+        text = text.replace(path, str(local))
+    config = folder / "haproxy.cfg"
+    config.write_text(text)
+    return config
