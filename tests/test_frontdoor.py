@@ -273,6 +273,41 @@ def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
     assert headers["retry-after"] == str(frontdoor.RETRY_AFTER)
 
 
+def test_the_doors_own_errors_are_openais_shape_not_haproxys_html(door: None) -> None:
+    closing = socket.create_server(("127.0.0.1", UPSTREAMS[1]))  # reads, answers nothing
+
+    def close_each() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = closing.accept()
+                connection.recv(65536)
+                connection.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        status, said, _ = chat("other")  # tried again (empty answers), then HAProxy's 502
+    finally:
+        closing.close()
+    assert status == 502 and said["error"]["code"] == "bad_gateway", said
+
+
+def test_a_body_that_comes_too_slowly_gets_openais_408(tmp_path: Path) -> None:
+    text = frontdoor.config(PORT, 3, ROUTES[0], frontdoor.Limits(0, 0))
+    text = text.replace("timeout http-request 60s", "timeout http-request 1s")  # not a minute
+    config = runnable(tmp_path, text, {"alice": KEY}, ROUTES)
+    with (
+        started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"),
+        socket.create_connection(("127.0.0.1", PORT), 5) as raw,
+    ):
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: door\r\nAuthorization: Bearer "
+                    b"%s\r\nContent-Length: 100\r\n\r\n{\"model\":" % KEY.encode())  # fmt: skip
+        raw.settimeout(10)
+        answer = raw.recv(65536).decode()
+    head, _, body = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 408") and "application/json" in head.lower(), answer
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
 @pytest.mark.parametrize("door", [(3, frontdoor.Limits(3, 0))], indirect=True)
 def test_past_its_requests_per_minute_a_key_gets_429_and_the_admin_key_has_no_limit(
     door: None,

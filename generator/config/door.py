@@ -20,8 +20,10 @@ class FrontDoor(Strict):
         120,
         0,
         3600,
-        "Seconds a request with no answer yet is held and sent again while its cluster "
-        "recovers, upgrades or reboots; then a 503 with Retry-After.",
+        "Tries for a request with no answer yet, held and sent again while its cluster "
+        "recovers, upgrades or reboots: a second apart while vLLM's port refuses connections "
+        "(so about as many seconds), at once after an empty answer or a 5xx; then a 503 with "
+        "Retry-After.",
     )
     requests_per_minute: int = Field(
         default=0, ge=0, le=1_000_000, description="Per key: requests a minute (0: no limit)."

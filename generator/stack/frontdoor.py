@@ -9,8 +9,9 @@
   door (each door's port serves them all; nodes/door.py writes it on every `up` and `down`); an
   unknown model gets OpenAI's 404; `/v1/models` answers from the models' list file. A request
   naming no model goes to the door's own cluster.
-- Held: a request that has had no byte of answer is sent again (L7 retries, one second apart)
-  while its backend is away or answers 5xx, for `hold` seconds; then a 503 with Retry-After.
+- Held: a request that has had no byte of answer is sent again (L7 retries), one second apart
+  while its backend refuses connections and at once after an empty answer or a 5xx, `hold`
+  tries in all; then a 503 with Retry-After. HAProxy's own errors are in OpenAI's shape.
 - Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens:
   a whole JSON answer's `usage`, or a stream's last event's, read by a Lua filter, when the
   request asked for it: stack/doorusage.py), to its output and, with `metrics`, to mtail, which
@@ -69,14 +70,24 @@ class Limits:
 
 
 def error(message: str, kind: str, code: str) -> str:
-    """OpenAI's error body, as one HAProxy string argument (single-quoted, JSON inside)."""
+    """OpenAI's error body, as one HAProxy string argument (single-quoted, JSON inside: a quote
+    in it is JSON's escape, as nothing escapes inside HAProxy's single quotes)."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return "'" + json.dumps(body, separators=(",", ":")) + "'"
+    return "'" + json.dumps(body, separators=(",", ":")).replace("'", "\\u0027") + "'"
 
 
 UNAUTHORIZED = error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
 TOO_MANY = error("Rate limit reached for this key.", "rate_limit_error", "rate_limit_exceeded")
 UNAVAILABLE = error("The model is not serving now; try again.", "server_error", "unavailable")
+# HAProxy's own errors, in OpenAI's shape too (its defaults are HTML): status -> body. (Not a
+# request HAProxy cannot parse: HAProxy 2.6 answers that, and headers too slow, in HTML.)
+ERRORS = {
+    408: error("The request did not arrive in time.", "invalid_request_error", "request_timeout"),
+    500: error("The front door failed this request.", "server_error", "internal_error"),
+    502: error("The model server broke off its answer or gave none.", "server_error",
+               "bad_gateway"),
+    504: error("The model server did not answer in time.", "server_error", "gateway_timeout"),
+}  # fmt: skip
 
 
 def config(port: int, hold: int, own: Route, limits: Limits, counts: int | None = None) -> str:
@@ -118,11 +129,16 @@ def _defaults(hold: int) -> list[str]:
         "    timeout server 1h",
         "    timeout http-request 60s",
         "    timeout http-keep-alive 60s",
-        # One try a second (HAProxy waits min(timeout connect, 1 s) between tries).
+        # A refused connection is tried again a second later (HAProxy waits min(timeout
+        # connect, 1 s)); an empty answer or a 5xx at once, each try counted the same.
         f"    retries {hold}",
         "    retry-on conn-failure empty-response 500 502 503 504",
         f"    http-error status 503 content-type application/json string {UNAVAILABLE}"
         f" hdr Retry-After {RETRY_AFTER}",
+        *(
+            f"    http-error status {code} content-type application/json string {body}"
+            for code, body in ERRORS.items()
+        ),
     ]
 
 
