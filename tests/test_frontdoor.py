@@ -292,9 +292,9 @@ def test_the_doors_own_errors_are_openais_shape_not_haproxys_html(door: None) ->
 
 
 def test_a_body_that_comes_too_slowly_gets_openais_408(tmp_path: Path) -> None:
-    text = frontdoor.config(PORT, 3, ROUTES[0], frontdoor.Limits(0, 0))
-    text = text.replace("timeout http-request 60s", "timeout http-request 1s")  # not a minute
-    config = runnable(tmp_path, text, {"alice": KEY}, ROUTES)
+    config = rendered(tmp_path, 3, frontdoor.Limits(0, 0))
+    text = config.read_text().replace("timeout http-request 60s", "timeout http-request 1s")
+    config.write_text(text)  # not a minute
     with (
         started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"),
         socket.create_connection(("127.0.0.1", PORT), 5) as raw,

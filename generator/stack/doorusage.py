@@ -19,6 +19,7 @@ ASKED = "txn.stream_usage"  # set from the request: $.stream_options.include_usa
 # its log line says them (frontdoor.LOG_FORMAT).
 PROMPT = "txn.prompt"
 GENERATED = "txn.generated"
+USAGE = {PROMPT: "prompt_tokens", GENERATED: "completion_tokens"}  # variable -> usage's field
 
 SCRIPT = f"""\
 -- vllm-compose's front door: a streamed answer's tokens, from the `usage` of its last event.
@@ -44,8 +45,8 @@ local function read(self, txn, data)
   for event, after in text:gmatch("data: ([^\\n]*)\\n\\n()") do
     last = after
     if event:find('"usage"', 1, true) then
-      local prompt = txn.c:json_query(event, "$.usage.prompt_tokens")
-      local generated = txn.c:json_query(event, "$.usage.completion_tokens")
+      local prompt = txn.c:json_query(event, "$.usage.{USAGE[PROMPT]}")
+      local generated = txn.c:json_query(event, "$.usage.{USAGE[GENERATED]}")
       if prompt and generated then
         txn:set_var("{PROMPT}", prompt)
         txn:set_var("{GENERATED}", generated)

@@ -50,8 +50,6 @@ LOG_FORMAT = (
     ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\"'
     f' tokens=%[var({doorusage.PROMPT})]/%[var({doorusage.GENERATED})]"'
 )
-# A whole JSON answer's usage fields, by the variable each sets (as the Lua filter does a stream's)
-USAGE = [(doorusage.PROMPT, "prompt_tokens"), (doorusage.GENERATED, "completion_tokens")]
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
 CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
 CONFIG = "front-door-config"  # its Compose config
@@ -183,7 +181,7 @@ def _usage() -> list[str]:
         "    http-response wait-for-body time 1s if whole",
         *(
             f"    http-response set-var({var}) res.body,json_query('$.usage.{field}') if whole"
-            for var, field in USAGE
+            for var, field in doorusage.USAGE.items()  # as the Lua filter reads a stream's
         ),
     ]
 
