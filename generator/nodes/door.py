@@ -1,6 +1,6 @@
 """The front door on the head's engine: kept running while its group goes down and comes back
-(a request it holds is answered by the group that comes back), told to read its keys again, and
-told of every model behind a front door on its node."""
+(a request it holds is answered by the group that comes back), told to read its keys again, told
+of every model behind a front door on its node, and asked as a client would once it started."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from collections.abc import Callable
 
 from python_on_whales import Container, DockerClient, DockerException
 
-from generator.base.errors import VllmComposeError, reason
+from generator.base import probes
+from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each
 from generator.config import Node
 from generator.nodes import secrets
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
-from generator.stack import claims, frontdoor
+from generator.stack import SECRET_NAMES, SECRETS_DIR, claims, frontdoor, monitoring
 
 NAME = "front-door"  # its service (stack/frontdoor.py)
+LOG_TAIL = 20  # of its log, in the error when it does not answer
 
 
 def group_down(
@@ -65,14 +67,6 @@ def _reload(docker: DockerClient, container: Container) -> None:
     docker.container.execute(container, ["sh", "-c", "kill -USR2 1"])
 
 
-def renewed(fleet: Fleet) -> None:
-    """After the secrets were written (a rotated API key is the admin key's new hash): the front
-    door, when it runs, reads its keys again."""
-    if fleet.cluster.front_door.enabled and fleet.running(fleet.head, NAME):
-        reload(fleet)
-        fleet.report(f"secrets: {fleet.head.name}: the front door reads its keys again")
-
-
 def routed(fleet: Fleet) -> None:
     """Every front door running on the head's node (every cluster's whose head it is) given the
     routes to every model behind one there, and reloaded: each door's port serves them all.
@@ -94,3 +88,35 @@ def routed(fleet: Fleet) -> None:
         return
     models = ", ".join(sorted(r.model for r in routes)) or "none"
     fleet.report(f"front door: {node}: {len(routes)} model(s) behind each door there: {models}")
+
+
+def opened(fleet: Fleet, start: Callable[[str, dict[Node, list[str]]], None]) -> None:
+    """`up`'s front door phase: the door started (`start`: up's, phase -> node -> services),
+    every door on its node routed and reloaded (so this one reads its keys again too: `up`
+    reloads it once), then this one asked."""
+    start("front door", {fleet.head: [NAME]})
+    routed(fleet)
+    answers(fleet)
+
+
+def answers(fleet: Fleet) -> None:
+    """The door answers on its port as a client would ask: /v1/models with the admin key, from a
+    one-off container of the wrapper on the head's network, the key mounted read-only where serve
+    has it (root's, mode 0600: read as root). The door answers that itself, so this runs before
+    vLLM starts: a door that cannot start (its port held, an image too old for its
+    configuration) or cannot read its keys or routes fails `up` in seconds, with its log, not at
+    a client's first request after the model's load."""
+    c, head = fleet.cluster, fleet.head
+    key = f"{SECRETS_DIR}/{c.name}/{SECRET_NAMES['api_key']}"
+    options = {"networks": ["host"], "user": "0", "volumes": [(key, monitoring.API_KEY_FILE, "ro")]}
+    try:
+        listed = fleet.one_off(head, probes.models(c.vllm.port), **options)
+        problem = None if c.served_model_name in listed else f"it lists {sorted(listed)}"
+    except DockerError as e:
+        problem = e.what
+    if problem:
+        said = f"the front door does not answer for {c.served_model_name} on port {c.vllm.port}"
+        tail = f"last lines of {NAME} on {head.name}:\n{fleet.tail(head, NAME, LOG_TAIL)}"
+        hint = f"its log says why; `vllm-compose logs CONFIG --node {head.name}` shows all of it"
+        raise PhaseError(head.name, "front door", f"{said}: {problem}", tail, hint)
+    fleet.report(f"front door: {head.name}: answers on port {c.vllm.port}")

@@ -1,7 +1,7 @@
 """Bring a group up in phases, each with its own timeout, timed; take it down; recreate it.
 
 up: contexts answer -> (with a lock: no node holds another image) -> wrapper image on every node
-    -> secrets -> preflight -> the front door (its node's routes) -> every node's Ray and the
+    -> secrets -> preflight -> the front door (routed; it answers) -> every node's Ray and the
     head's serve, all at once (native: the headless ranks, then serve), ready at its first real
     completion. A failed phase is named at once, then takes the group down (unless kept).
 watch (operations/watch.py decides when): `problems` checks the running group, `recreate` takes
@@ -138,10 +138,10 @@ class Deployment:
     def _secrets(self, ours: set[str]) -> None:
         """The secret files onto the nodes. A running service started before one of its secrets
         last changed on its node (a rotated key, whichever command wrote it there) is removed:
-        the start below recreates it with the new one; the front door reads its keys again.
-        `ours`: the nodes where this stack has containers (no other has a service to restart)."""
+        the start below recreates it with the new one, and reloads the front door (door.opened:
+        it reads its keys again). `ours`: the nodes where this stack has containers (no other
+        has a service to restart)."""
         changed = self.fleet.push_secrets()
-        door.renewed(self.fleet)
 
         def stale(node: Node) -> Callable[[], None]:
             def run() -> None:
@@ -168,9 +168,7 @@ class Deployment:
     def _start(self, result: Result) -> None:
         c, stacks = self.fleet.cluster, self.fleet.stacks
         if c.front_door.enabled:  # first, and left running: it holds requests while serve starts
-            front = {self.fleet.head: [door.NAME]}
-            self._phase(result, "front door", lambda: self._started("front door", front))
-            door.routed(self.fleet)
+            self._phase(result, "front door", lambda: door.opened(self.fleet, self._started))
         if c.metrics:  # first: the exporters see the start too
             sidecars = {n: [s.name for s in stacks[n.name].sidecars] for n in c.nodes}
             self._phase(result, "metrics", lambda: self._started("metrics", sidecars))
