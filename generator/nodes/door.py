@@ -4,6 +4,7 @@ of every model behind a front door on its node, and asked as a client would once
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from python_on_whales import Container, DockerClient, DockerException
@@ -18,6 +19,7 @@ from generator.stack import SECRET_NAMES, SECRETS_DIR, claims, frontdoor, monito
 
 NAME = "front-door"  # its service (stack/frontdoor.py)
 LOG_TAIL = 20  # of its log, in the error when it does not answer
+ASKED = 3  # times `answers` asks, a second apart, before it says the door does not answer
 
 
 def group_down(
@@ -109,11 +111,15 @@ def answers(fleet: Fleet) -> None:
     c, head = fleet.cluster, fleet.head
     key = f"{SECRETS_DIR}/{c.name}/{SECRET_NAMES['api_key']}"
     options = {"networks": ["host"], "user": "0", "volumes": [(key, monitoring.API_KEY_FILE, "ro")]}
-    try:
-        listed = fleet.one_off(head, probes.models(c.vllm.port), **options)
-        problem = None if c.served_model_name in listed else f"it lists {sorted(listed)}"
-    except DockerError as e:
-        problem = e.what
+    for _ in range(ASKED):  # the worker before a reload may answer the first: with the old keys
+        try:
+            listed = fleet.one_off(head, probes.models(c.vllm.port), **options)
+            problem = None if c.served_model_name in listed else f"it lists {sorted(listed)}"
+        except DockerError as e:
+            problem = e.what
+        if not problem:
+            break
+        time.sleep(1)
     if problem:
         said = f"the front door does not answer for {c.served_model_name} on port {c.vllm.port}"
         tail = f"last lines of {NAME} on {head.name}:\n{fleet.tail(head, NAME, LOG_TAIL)}"
