@@ -15,7 +15,7 @@ from generator.base.fanout import each
 from generator.config import Node
 from generator.nodes import secrets
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
-from generator.stack import SECRET_NAMES, SECRETS_DIR, claims, frontdoor, monitoring
+from generator.stack import SECRET_NAMES, claims, frontdoor, monitoring, secrets_folder
 
 NAME = "front-door"  # its service (stack/frontdoor.py)
 LOG_TAIL = 20  # of its log, in the error when it does not answer
@@ -109,7 +109,7 @@ def answers(fleet: Fleet) -> None:
     configuration) or cannot read its keys or routes fails `up` in seconds, with its log, not at
     a client's first request after the model's load."""
     c, head = fleet.cluster, fleet.head
-    key = f"{SECRETS_DIR}/{c.name}/{SECRET_NAMES['api_key']}"
+    key = f"{secrets_folder(c.name)}/{SECRET_NAMES['api_key']}"
     options = {"networks": ["host"], "user": "0", "volumes": [(key, monitoring.API_KEY_FILE, "ro")]}
     for _ in range(ASKED):  # the worker before a reload may answer the first: with the old keys
         try:

@@ -2,7 +2,7 @@
 over its context, so a remote engine finds them on its own side.
 
 The contents travel only as a tar archive on a short-lived container's standard input, into a file
-of mode 0600 in a folder of mode 0700 on the node (stack.SECRETS_DIR); never as an argument, an
+of mode 0600 in a folder of mode 0700 on the node (stack.secrets_folder); never as an argument, an
 environment variable or a log line.
 """
 
@@ -27,7 +27,7 @@ from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
 from generator.nodes import keys
-from generator.stack import SECRET_NAMES, SECRETS_DIR, frontdoor, secret_names
+from generator.stack import SECRET_NAMES, frontdoor, secret_names, secrets_folder
 from generator.stack.output import write_atomic
 
 DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file, not read from a file
@@ -245,7 +245,7 @@ def write(
         script += f" else {put} && touch {old}; fi; }}"
         script += f' && echo "changed:{name}:$(stat -c %Y {old})"'
     archive = _archive({partial[name]: data for name, data in files.items()})
-    folder = f"{SECRETS_DIR}/{cluster}"
+    folder = secrets_folder(cluster)
     writer = ["run", "--rm", "-i", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
     try:
         said = run(

@@ -29,6 +29,13 @@ SECRET_NAMES = {
     "front_door_routes": "front-door-routes",
     "front_door_models": "front-door-models.json",
 }
+
+
+def secrets_folder(cluster: str) -> str:
+    """Where `vllm-compose up` writes a cluster's secret files on each node (nodes/secrets.py)."""
+    return f"{SECRETS_DIR}/{cluster}"
+
+
 # vLLM's Ray executor copies the driver's NCCL_*, VLLM_* and HF_* variables to every worker
 # unless this file under VLLM_CONFIG_ROOT names them (vllm/ray/ray_env.py): the per-node ones.
 CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
@@ -132,7 +139,7 @@ class NodeStack:
     @property
     def contexts_env(self) -> str:
         """contexts.env: what `vllm-compose up` passes to Compose (--env-file)."""
-        return f"{SECRETS_ENV}={SECRETS_DIR}/{self.cluster.name}\n"
+        return f"{SECRETS_ENV}={secrets_folder(self.cluster.name)}\n"
 
     @property
     def configs(self) -> dict[str, str]:
