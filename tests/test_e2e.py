@@ -123,11 +123,15 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     # of a key.
     admin = clusters.promql(worker, 'front_door_generation_tokens_total{key="admin"}', 1)
     assert float(admin[0]["value"][1]) >= 4 and admin[0]["metric"]["model"] == MODEL, admin
-    # A streamed answer whose request asked for its usage: counted too (the door's Lua filter
-    # reads vLLM's last event).
+    # Streamed answers: counted too, whether the request asked for its usage or not (the door's
+    # Lua filter reads vLLM's last event; it asks vLLM for it when the request did not, and takes
+    # that event out of the answer: the client gets the stream it asked for).
     events = stream(worker, key, usage=True)
     assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 4, events
-    more = f'front_door_generation_tokens_total{{key="admin"}} >= {float(admin[0]["value"][1]) + 4}'
+    plain = stream(worker, key)
+    assert plain[-1] == "data: [DONE]" and not [e for e in plain if '"usage"' in e], plain
+    assert json.loads(plain[-2][6:])["choices"][0]["finish_reason"] == "length", plain
+    more = f'front_door_generation_tokens_total{{key="admin"}} >= {float(admin[0]["value"][1]) + 8}'
     assert clusters.promql(worker, more, 1)
     assert clusters.promql(worker, 'front_door_requests_total{code="401"} >= 1', 1)
     # Tensor parallelism really spans the nodes: the worker's container holds rank 1 of 2.

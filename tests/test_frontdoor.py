@@ -40,32 +40,49 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 
 class Upstream(http.server.BaseHTTPRequestHandler):
-    """Says who reached it, with the usage of an answer of 3 tokens for 7 (vLLM's JSON answer);
-    asked for a stream, events instead, the last with the same usage, sent in two pieces cut
-    inside that event (whether the request asked for the usage or not: the door must read only
-    the streams that did)."""
+    """Says who reached it and what it was sent, with the usage of an answer of 3 tokens for 7
+    (vLLM's JSON answer); asked for a stream, vLLM's events instead: one of content (saying the
+    same, but for the usage), then, as vLLM, only when the request asked for it, one of usage and
+    no choices; sent in pieces cut inside the events."""
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.body()
+        sent = json.loads(body)
         said = {"port": self.server.server_port, "length": len(body),  # type: ignore[attr-defined]
-                "authorization": self.headers.get("Authorization"), "usage": USAGE}  # fmt: skip
-        streamed = b'"stream": true' in body
+                "authorization": self.headers.get("Authorization"),
+                "sent": {k: v for k, v in sent.items() if k != "messages"}}  # fmt: skip
+        streamed = sent.get("stream") is True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
         if not streamed:
-            out = json.dumps(said).encode()
+            out = json.dumps({**said, "usage": USAGE}).encode()
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
             self.wfile.write(out)
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        out = b"data: %s\n\ndata: [DONE]\n\n" % json.dumps(said).encode()
-        cut = out.index(b'"usage"') + 12
-        for piece in (out[:cut], out[cut:], b""):
+        events = [{"choices": [{"delta": {"content": "hi"}}], "said": said}]
+        if (sent.get("stream_options") or {}).get("include_usage"):
+            events.append({"choices": [], "usage": USAGE})
+        out = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in [*events, "[DONE]"])
+        out = out.replace(b'"[DONE]"', b"[DONE]")
+        for piece in (out[:20], out[20:-30], out[-30:], b""):  # the last event cut, too
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.flush()
             time.sleep(0.05)
+
+    def body(self) -> bytes:
+        """The request's body, with a length or chunked (a body the door changed)."""
+        if "Content-Length" in self.headers:
+            return self.rfile.read(int(self.headers["Content-Length"]))
+        assert self.headers["Transfer-Encoding"] == "chunked"
+        body = b""
+        while size := int(self.rfile.readline(), 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()
+        self.rfile.readline()
+        return body
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -218,21 +235,22 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
         assert [chat("tiny")[0] for _ in range(2)] == [200, 200]
         assert chat("tiny", ADMIN_KEY)[0] == 200
         assert chat("tiny", key="sk-mallory")[0] == 401
-        # Streamed answers: counted; their tokens only when the request asked for its usage.
-        assert stream({"model": "tiny", "stream": True}).endswith(b"data: [DONE]\n\n")
-        asked = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
-        assert stream(asked).endswith(b"data: [DONE]\n\n")
+        # Streamed answers: counted, with their tokens whether the request asked for its usage
+        # or not (the door then asks: below), but for a request that said no.
+        for options in ({}, {"include_usage": True}, {"include_usage": False}):
+            body = {"model": "tiny", "stream": True, "stream_options": options}
+            assert stream({k: v for k, v in body.items() if v != {}})[-1] == "[DONE]"
         # A model named to pose as the fields that follow it in the line, for the admin key.
         assert chat('x" tokens=99/99 key="admin')[0] == 404
         assert chat("/models/no-such")[0] == 404  # labelled as sent, its slashes unescaped
     finally:
         server.shutdown()
         server.server_close()
-    found = counts(8)
+    found = counts(9)
     print(found)
-    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 4
-    assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 21
-    assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 9
+    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 5
+    assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 28
+    assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 12
     assert found['front_door_requests_total{code="200",key="admin",model="tiny"}'] == 1
     assert found['front_door_generation_tokens_total{key="admin",model="tiny"}'] == 3
     assert found['front_door_requests_total{code="401",key="",model="-"}'] == 1
@@ -242,13 +260,55 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     assert len(found) == 9 and 99 not in found.values(), found
 
 
-def stream(body: dict[str, Any]) -> bytes:
-    """A streamed chat completion with alice's key: the whole answer."""
+def stream(body: dict[str, Any]) -> list[str]:
+    """A streamed chat completion with alice's key: its events' data, once it has ended."""
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
     request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request, timeout=30) as r:
-        return bytes(r.read())
+        answer = r.read().decode()
+    assert answer.startswith("data: ") and answer.endswith("\n\n"), answer
+    return [event.removeprefix("data: ") for event in answer.split("\n\n")[:-1]]
+
+
+def test_with_metrics_the_door_asks_a_stream_for_its_usage_and_the_client_gets_the_stream_it_asked(
+    counted: None,
+) -> None:
+    """vLLM sends a stream's usage only when asked; the door asks for the streams that did not
+    say, and takes that event out of their answer again."""
+    server = upstream(UPSTREAMS[0])
+    try:
+        said = {}
+        for name, options in [("plain", None), ("asked", True), ("declined", False)]:
+            body: dict[str, Any] = {"model": "tiny", "stream": True, "messages": []}
+            if options is not None:
+                body["stream_options"] = {"include_usage": options}
+            said[name] = stream(body)
+        status, whole, _ = chat("tiny", stream=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    sent = {name: json.loads(events[0])["said"]["sent"] for name, events in said.items()}
+    assert sent["plain"]["stream_options"] == {"include_usage": True}  # asked by the door
+    assert said["plain"][1:] == ["[DONE]"], said  # and its usage's event taken out
+    assert sent["asked"]["stream_options"] == {"include_usage": True}
+    assert json.loads(said["asked"][1]) == {"choices": [], "usage": USAGE}  # kept: it asked
+    assert sent["declined"]["stream_options"] == {"include_usage": False}  # as it said
+    assert said["declined"][1:] == ["[DONE]"]
+    assert status == 200 and "stream_options" not in whole["sent"]  # not a stream: as it came
+
+
+def test_without_metrics_a_stream_reaches_vllm_as_the_client_sent_it(door: None) -> None:
+    server = upstream(UPSTREAMS[0])
+    try:
+        body = {"model": "tiny", "stream": True, "messages": []}
+        events = stream(body)
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = json.loads(events[0])["said"]
+    assert said["sent"] == {"model": "tiny", "stream": True} and events[1:] == ["[DONE]"]
+    assert said["length"] == len(json.dumps(body))
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

@@ -6,8 +6,9 @@ prompt and generated tokens of every answer that carries its usage.
   output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the
   private link).
 - Tokens: the door reads `usage` from a whole JSON answer (stream: false), and from a streamed
-  answer's last event when the request asked for it (stack/doorusage.py); a stream that did not
-  ask is counted as a request, with no tokens (the log line says `tokens=-/-`).
+  answer's last event, which the door asks vLLM for when the request did not
+  (stack/doorusage.py); a stream whose request said `stream_options` without asking is counted
+  as a request, with no tokens (the log line says `tokens=-/-`).
 """
 
 from __future__ import annotations

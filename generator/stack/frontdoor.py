@@ -14,8 +14,8 @@
   tries in all; then a 503 with Retry-After. HAProxy's own errors are in OpenAI's shape.
 - Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens:
   a whole JSON answer's `usage`, or a stream's last event's, read by a Lua filter, when the
-  request asked for it: stack/doorusage.py), to its output and, with `metrics`, to mtail, which
-  counts them per key (stack/doorcounts.py).
+  request asked for it or, with `metrics`, when the door asked for it: stack/doorusage.py), to
+  its output and, with `metrics`, to mtail, which counts them per key (stack/doorcounts.py).
 
 HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is in its manual.
 """
@@ -92,7 +92,7 @@ def config(port: int, hold: int, own: Route, limits: Limits, counts: int | None 
     """haproxy.cfg: the frontend on `port` (every address); the backend `models` sends a request
     to its model's vLLM, `own` to the door's own cluster's; `counts`: the loopback UDP port its
     log lines also go to (mtail's)."""
-    front = _frontend(port, limits)
+    front = _frontend(port, limits, counted=counts is not None)
     return "\n".join([*_global(counts), *_defaults(hold), *front, *_backends(own), ""])
 
 
@@ -140,7 +140,7 @@ def _defaults(hold: int) -> list[str]:
     ]
 
 
-def _frontend(port: int, limits: Limits) -> list[str]:
+def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
     lines = [
         "frontend api",
         f"    bind :{port}",
@@ -165,6 +165,7 @@ def _frontend(port: int, limits: Limits) -> list[str]:
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
         f"    http-request set-var({doorusage.ASKED})"
         " req.body,json_query('$.stream_options.include_usage')",
+        *(_ask() if counted else []),
         f"    use_backend models if {{ var(txn.model),map({ROUTES}) -m found }}",
         "    use_backend unknown if { var(txn.model) -m found }",
         "    default_backend own",  # a request naming no model, as vLLM takes it
@@ -183,6 +184,20 @@ def _usage() -> list[str]:
             f"    http-response set-var({var}) res.body,json_query('$.usage.{field}') if whole"
             for var, field in doorusage.USAGE.items()  # as the Lua filter reads a stream's
         ),
+    ]
+
+
+def _ask() -> list[str]:
+    """With `metrics`: a streamed completion that says nothing of `stream_options` is asked for
+    its usage by the door (doorusage.py puts the question in its body, so the body is sent
+    chunked, its length changed, and takes the answer's usage event out again)."""
+    asking = f"if {{ var({doorusage.ASK}) -m bool }}"
+    return [
+        f"    http-request set-var({doorusage.ASK}) bool(true)"
+        " if { path /v1/chat/completions /v1/completions }"
+        " { req.body,json_query('$.stream') -m bool } !{ req.body -m sub stream_options }",
+        f"    http-request del-header Content-Length {asking}",
+        f"    http-request set-header Transfer-Encoding chunked {asking}",
     ]
 
 
