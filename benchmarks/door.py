@@ -32,7 +32,7 @@ from python_on_whales import DockerClient
 
 from benchmarks.day_two import serving, tool
 from tests.support import clusters, images
-from tests.support.testbed import MODELS, borrowed
+from tests.support.testbed import MODELS, Node, borrowed
 
 MODEL = f"{MODELS}/{images.MODEL}"
 PORT = 30000
@@ -103,14 +103,26 @@ def main() -> None:
         print("warm-up: bench --direct (not counted)", flush=True)
         bench(config, direct=True)
         runs: dict[bool, list[dict[int, dict[str, float]]]] = {False: [], True: []}
-        for n in range(rounds):
-            for direct in (n % 2 == 1, n % 2 == 0):
-                how = "--direct" if direct else "(front door)"
-                print(f"round {n + 1}: bench {how}", flush=True)
-                runs[direct].append(bench(config, direct))
+        try:
+            for n in range(rounds):
+                for direct in (n % 2 == 1, n % 2 == 0):
+                    how = "--direct" if direct else "(front door)"
+                    print(f"round {n + 1}: bench {how}", flush=True)
+                    runs[direct].append(bench(config, direct))
+        except RuntimeError:
+            kept(head)
+            raise
         timings = [keys(config, str(head.ip)) for _ in range(3)]
         tool("down", config)
     _report(runs, timings)
+
+
+def kept(head: Node) -> None:
+    """The head's containers' logs, kept in WORK for a failed run (the testbed goes with it)."""
+    for container in head.docker.container.list(all=True):
+        log = WORK / f"{container.name}.log"
+        log.write_text(str(head.docker.container.logs(container, timestamps=True)))
+        print(f"kept: {log}", flush=True)
 
 
 def _report(
