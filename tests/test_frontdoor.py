@@ -5,6 +5,7 @@ routing by model, holding); real vLLM behind it is in the testbed tests."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import json
 import shutil
@@ -43,7 +44,8 @@ class Upstream(http.server.BaseHTTPRequestHandler):
     """Says who reached it and what it was sent, with the usage of an answer of 3 tokens for 7
     (vLLM's JSON answer); asked for a stream, vLLM's events instead: one of content (saying the
     same, but for the usage), then, as vLLM, only when the request asked for it, one of usage and
-    no choices; sent in pieces cut inside the events."""
+    no choices; sent in pieces cut inside the events. A request with `"cut": true` gets the first
+    piece, then the connection is closed."""
 
     def do_POST(self) -> None:
         body = self.body()
@@ -70,6 +72,9 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         for piece in (out[:20], out[20:-30], out[-30:], b""):  # the last event cut, too
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.flush()
+            if sent.get("cut"):  # as vLLM killed under way: the connection closed mid-answer
+                self.close_connection = True
+                return
             time.sleep(0.05)
 
     def body(self) -> bytes:
@@ -240,15 +245,19 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
         for options in ({}, {"include_usage": True}, {"include_usage": False}):
             body = {"model": "tiny", "stream": True, "stream_options": options}
             assert stream({k: v for k, v in body.items() if v != {}})[-1] == "[DONE]"
+        # An answer broken off under way: counted as cut (its 200 had gone out).
+        with pytest.raises(http.client.IncompleteRead):
+            stream({"model": "tiny", "stream": True, "cut": True})
         # A model named to pose as the fields that follow it in the line, for the admin key.
         assert chat('x" tokens=99/99 key="admin')[0] == 404
         assert chat("/models/no-such")[0] == 404  # labelled as sent, its slashes unescaped
     finally:
         server.shutdown()
         server.server_close()
-    found = counts(9)
+    found = counts(10)
     print(found)
-    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 5
+    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 6
+    assert found['front_door_answers_cut_total{key="alice",model="tiny"}'] == 1
     assert found['front_door_prompt_tokens_total{key="alice",model="tiny"}'] == 28
     assert found['front_door_generation_tokens_total{key="alice",model="tiny"}'] == 12
     assert found['front_door_requests_total{code="200",key="admin",model="tiny"}'] == 1
@@ -257,7 +266,7 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     posing = [k for k in found if "99" in k]  # its own, under alice's key, and no token
     assert len(posing) == 1 and posing[0].startswith('front_door_requests_total{code="404",key="al')
     assert found['front_door_requests_total{code="404",key="alice",model="/models/no-such"}'] == 1
-    assert len(found) == 9 and 99 not in found.values(), found
+    assert len(found) == 10 and 99 not in found.values(), found
 
 
 def stream(body: dict[str, Any]) -> list[str]:

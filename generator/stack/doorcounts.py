@@ -1,6 +1,7 @@
 """The front door's counts per key: mtail (a log-to-metrics tool, kept by its author) on the head
-reads the door's log lines and serves, for Prometheus, requests by key, model and status, and the
-prompt and generated tokens of every answer that carries its usage.
+reads the door's log lines and serves, for Prometheus, requests by key, model and status, the
+prompt and generated tokens of every answer that carries its usage, and the answers vLLM broke off
+under way.
 
 - The door sends each log line to mtail over UDP on the head's loopback (as well as to its own
   output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the
@@ -26,13 +27,16 @@ PROGRAM_DIR = "/etc/mtail"
 PROGRAM_FILE = f"{PROGRAM_DIR}/front-door.mtail"
 
 # One line a request, as frontdoor.LOG_FORMAT writes it: `option httplog`'s fields (the status
-# follows the five times), then key, model and tokens, last. The line is matched from both ends:
-# what a client sent (the request line, the model) cannot pose as a field of ours. In the model's
-# label the door's JSON escape of a slash is undone (model paths have them); other escapes stay.
+# follows the five times; three fields on, the termination state), then key, model and tokens,
+# last. The line is matched from both ends: what a client sent (the request line, the model)
+# cannot pose as a field of ours. In the model's label the door's JSON escape of a slash is undone
+# (model paths have them); other escapes stay. An answer cut: its state is `SD` (the server side
+# ended it while its data was under way), whatever its status, which went out before.
 PROGRAM = r"""# vllm-compose: the front door's log lines -> counts per key and model.
 counter front_door_requests_total by key, model, code
 counter front_door_prompt_tokens_total by key, model
 counter front_door_generation_tokens_total by key, model
+counter front_door_answers_cut_total by key, model
 
 /^\S+ \[[^\]]*\] \S+ \S+ -?\d+\/-?\d+\/-?\d+\/-?\d+\/\+?\d+ (?P<code>\d{3}) / {
   /key="(?P<key>[^"]*)" model="(?P<model>(?:[^"\\]|\\.)*)" tokens=\S+$/ {
@@ -40,6 +44,9 @@ counter front_door_generation_tokens_total by key, model
     / tokens=(?P<prompt>\d+)\/(?P<generated>\d+)$/ {
       front_door_prompt_tokens_total[$key][subst("\/", "/", $model)] += $prompt
       front_door_generation_tokens_total[$key][subst("\/", "/", $model)] += $generated
+    }
+    /^\S+ \[[^\]]*\] \S+ \S+ \S+ \d{3} \S+ \S+ \S+ SD/ {
+      front_door_answers_cut_total[$key][subst("\/", "/", $model)]++
     }
   }
 }
