@@ -159,10 +159,30 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
     # The field failure, on the same group: a dead worker leaves the head up and serving nothing.
     watched_recovery(bed, path, "native", "serve")
+    cut_at_the_door(bed, key)
 
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert clusters.leftovers(head, "native") == [] and clusters.leftovers(worker, "native") == []
+
+
+def cut_at_the_door(bed: Testbed, key: str) -> None:
+    """The head's vLLM killed in the middle of a stream: the answer is cut (HAProxy cannot add to
+    an answer under way: README) and the door counts it as cut, under the key's name."""
+    head, worker = bed.nodes[:2]
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}],
+               "max_tokens": 200, "ignore_eos": True, "stream": True}  # fmt: skip
+    url = "http://192.168.200.12:30000/v1/chat/completions"
+    curl = ["nsenter", f"--net=/var/run/netns/{worker.netns}", "curl", "-sN", "-m", "60", url,
+            "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
+            "-d", json.dumps(request)]  # fmt: skip
+    with subprocess.Popen(curl, stdout=subprocess.PIPE, text=True) as streaming:
+        assert streaming.stdout is not None
+        assert streaming.stdout.readline().startswith("data: ")  # under way
+        head.docker.container.kill(clusters.containers(head, "native")["serve"])
+        rest, _ = streaming.communicate(timeout=60)
+    assert streaming.returncode == 18 and "[DONE]" not in rest, rest  # curl: ended before its end
+    assert clusters.promql(worker, 'front_door_answers_cut_total{key="admin"} >= 1', 1)
 
 
 def bench_against(path: Path, tmp: Path) -> None:
