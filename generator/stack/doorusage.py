@@ -60,11 +60,13 @@ end
 
 -- The question, once, after the request's first brace (the body is buffered whole).
 local function ask(self, _, msg)
-  local brace = (msg:body(0, 64) or ""):find("{{", 1, true)
-  if brace and not self.asked then
-    msg:insert('{QUESTION}', brace)
+  if not self.asked and msg:input() > 0 then
+    local brace = (msg:body(0, 64) or ""):find("{{", 1, true)
+    if brace then
+      msg:insert('{QUESTION}', brace)
+    end
+    self.asked = true
   end
-  self.asked = true
   msg:forward(msg:input())
 end
 
@@ -97,8 +99,8 @@ function Usage:http_payload(txn, msg)
   local ok, err = pcall(work, self, txn, msg)
   if not ok then
     core.Warning("stream usage: " .. tostring(err))
-    filter.unregister_data_filter(self, msg.channel)
     msg:forward(msg:input())
+    filter.unregister_data_filter(self, msg.channel)
   end
   return filter.WAIT
 end
