@@ -10,13 +10,12 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from python_on_whales import Container, DockerClient
 
 from tests.support import clusters, images
-from tests.support.clusters import Pair, cli, containers
+from tests.support.clusters import Pair, cli, completion_from, containers
 from tests.support.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
@@ -45,13 +44,6 @@ def first_healthy(container: Container, seconds: float) -> datetime:
             return passed[0]
         assert time.monotonic() < deadline, f"{container.name} never passed its health check"
         time.sleep(1)
-
-
-def completion_from(node: Node, url: str, config: Path) -> dict[str, Any]:
-    auth = f"Authorization: Bearer {clusters.api_key(config)}"
-    body = '{"prompt": "hi", "max_tokens": 1}'
-    out = node.nsexec("curl", "-sf", "-m", "10", url, "-H", auth, "-d", body)
-    return dict(json.loads(out.stdout))
 
 
 def test_two_nodes_form_the_cluster_at_their_ips_and_serve_starts_with_ray_and_waits_for_both(
@@ -166,10 +158,10 @@ def test_four_nodes_tp2_pp2_each_named_its_own_way_up_twice_changes_nothing_down
         ray = clusters.promql(bed.nodes[1], query, len(nodes))
         assert sorted(r["metric"]["node"] for r in ray) == nodes
         assert all(int(r["value"][1]) > 10 for r in ray), ray  # Ray's own series
-        before = {n.name: {s: c.id for s, c in containers(n, "quad").items()} for n in bed.nodes}
+        before = clusters.ids(bed.nodes, "quad")
         again = cli("up", config, cwd=tmp)
         assert again.returncode == 0, again.stderr
-        after = {n.name: {s: c.id for s, c in containers(n, "quad").items()} for n in bed.nodes}
+        after = clusters.ids(bed.nodes, "quad")
         assert after == before
         assert "image on spark4: present" in again.stdout
 

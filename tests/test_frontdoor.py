@@ -93,6 +93,12 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def streamed(usage: bool | None) -> dict[str, Any]:
+    """A streamed chat request: `usage`, its `stream_options.include_usage`; None, no options."""
+    body = {"model": "tiny", "stream": True, "messages": []}
+    return body if usage is None else {**body, "stream_options": {"include_usage": usage}}
+
+
 def upstream(port: int) -> http.server.ThreadingHTTPServer:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Upstream)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -242,9 +248,8 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
         assert chat("tiny", key="sk-mallory")[0] == 401
         # Streamed answers: counted, with their tokens whether the request asked for its usage
         # or not (the door then asks: below), but for a request that said no.
-        for options in ({}, {"include_usage": True}, {"include_usage": False}):
-            body = {"model": "tiny", "stream": True, "stream_options": options}
-            assert stream({k: v for k, v in body.items() if v != {}})[-1] == "[DONE]"
+        for usage in (None, True, False):
+            assert stream(streamed(usage))[-1] == "[DONE]"
         # An answer broken off under way: counted as cut (its 200 had gone out).
         with pytest.raises(http.client.IncompleteRead):
             stream({"model": "tiny", "stream": True, "cut": True})
@@ -288,11 +293,8 @@ def test_with_metrics_the_door_asks_a_stream_for_its_usage_and_the_client_gets_t
     server = upstream(UPSTREAMS[0])
     try:
         said = {}
-        for name, options in [("plain", None), ("asked", True), ("declined", False)]:
-            body: dict[str, Any] = {"model": "tiny", "stream": True, "messages": []}
-            if options is not None:
-                body["stream_options"] = {"include_usage": options}
-            said[name] = stream(body)
+        for name, usage in [("plain", None), ("asked", True), ("declined", False)]:
+            said[name] = stream(streamed(usage))
         status, whole, _ = chat("tiny", stream=False)
     finally:
         server.shutdown()

@@ -57,10 +57,6 @@ def power_cut(bed: Testbed, nodes: list[Node]) -> None:
         bed.start_engine(node)
 
 
-def ids(nodes: list[Node], project: str) -> dict[str, dict[str, str]]:
-    return {n.name: {s: c.id for s, c in clusters.containers(n, project).items()} for n in nodes}
-
-
 @pytest.mark.parametrize("backend", ["native", "ray"])
 def test_power_cuts_of_both_nodes_then_each_alone_and_the_group_serves_again_by_itself(
     pair: Pair, backend: str
@@ -72,13 +68,13 @@ def test_power_cuts_of_both_nodes_then_each_alone_and_the_group_serves_again_by_
     head, worker = bed.nodes[:2]
     path = config(tmp, bed, backend, backend, VLLM if backend == "native" else VLLM_RAY)
     assert cli("up", path, cwd=tmp).returncode == 0
-    key, before = clusters.api_key(path), ids([head, worker], backend)
+    key, before = clusters.api_key(path), clusters.ids([head, worker], backend)
     for cut in ([head, worker], [worker], [head]):
         starts = serve_starts(head, backend)
         power_cut(bed, cut)
         took = serving_again(worker, key)
         print(f"{backend}: power cut of {', '.join(n.name for n in cut)}: serving in {took:.0f} s")
-        assert ids([head, worker], backend) == before  # restarted, never recreated
+        assert clusters.ids([head, worker], backend) == before  # restarted, never recreated
         # The head's serve never outlives a cut: after the worker's alone it started again too
         # (it saw the group break, or vLLM exited when its peer's connection closed).
         assert serve_starts(head, backend) > starts

@@ -164,7 +164,7 @@ def test_a_controller_that_loses_its_path_to_a_node_recreates_nothing(stack: Pai
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "cutoff", [head, worker])
     assert cli("up", config, cwd=tmp).returncode == 0
-    before = {n.name: {s: c.id for s, c in containers(n, "cutoff").items()} for n in (head, worker)}
+    before = clusters.ids([head, worker], "cutoff")
     watcher = Background("watch", config, "--interval", "2", cwd=tmp)
     try:
         watcher.wait_for("watch: ok", 60)
@@ -180,7 +180,7 @@ def test_a_controller_that_loses_its_path_to_a_node_recreates_nothing(stack: Pai
         code = watcher.interrupt()
     assert code == 130, watcher.output
     assert not [line for line in watcher.lines if "failed" in line or "recover" in line]
-    after = {n.name: {s: c.id for s, c in containers(n, "cutoff").items()} for n in (head, worker)}
+    after = clusters.ids([head, worker], "cutoff")
     assert after == before
 
 
@@ -195,7 +195,7 @@ def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_start
     head, worker = bed.nodes[:2]
     config = write_config(tmp / "c.yaml", "killed", [head, worker])
     assert cli("up", config, cwd=tmp).returncode == 0
-    before = {n.name: {s: c.id for s, c in containers(n, "killed").items()} for n in (head, worker)}
+    before = clusters.ids([head, worker], "killed")
     watcher = Background("watch", config, cwd=tmp)
     try:
         watcher.wait_for("watch: ok", 120)
@@ -211,7 +211,7 @@ def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_start
         code = watcher.interrupt()
     assert code == 130, watcher.output
     assert "recreat" not in watcher.output
-    after = {n.name: {s: c.id for s, c in containers(n, "killed").items()} for n in (head, worker)}
+    after = clusters.ids([head, worker], "killed")
     assert after == before  # started again, not made anew
     said = str(head.docker.container.logs(containers(head, "killed")["serve"]))
     assert f"the group broke: {worker.ip}:" in said, said[-2000:]  # re-formed by the supervisors

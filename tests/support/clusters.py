@@ -96,6 +96,14 @@ def api_key(config: Path) -> str:
     return (config.parent / f"{config.stem}.api-key").read_text().strip()
 
 
+def completion_from(node: Node, url: str, config: Path) -> dict[str, Any]:
+    """A completion of one token asked from `node` with the config's key, as a client there."""
+    auth = f"Authorization: Bearer {api_key(config)}"
+    body = '{"prompt": "hi", "max_tokens": 1}'
+    out = node.nsexec("curl", "-sf", "-m", "10", url, "-H", auth, "-d", body)
+    return dict(json.loads(out.stdout))
+
+
 def cli(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "generator", *map(str, args)],
@@ -185,6 +193,11 @@ def containers(node: Node, project: str) -> dict[str, Container]:
         all=True, filters=[("label", f"com.docker.compose.project={project}")]
     )
     return {(c.config.labels or {})["com.docker.compose.service"]: c for c in found}
+
+
+def ids(nodes: list[Node], project: str) -> dict[str, dict[str, str]]:
+    """node -> service -> its container's ID: the same IDs later mean nothing was made anew."""
+    return {n.name: {s: c.id for s, c in containers(n, project).items()} for n in nodes}
 
 
 def leftovers(node: Node, project: str) -> list[str]:

@@ -61,8 +61,12 @@ class Node:
     def docker(self) -> DockerClient:
         return DockerClient(context=self.context)
 
+    def inside(self, *cmd: str) -> list[str]:
+        """`cmd` as run in the node's network namespace (as a client on the node)."""
+        return ["nsenter", f"--net=/var/run/netns/{self.netns}", *cmd]
+
     def nsexec(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return sh("nsenter", f"--net=/var/run/netns/{self.netns}", *cmd, check=check)
+        return sh(*self.inside(*cmd), check=check)
 
 
 @dataclass
