@@ -180,3 +180,32 @@ def test_one_look_at_the_nodes_splits_into_the_other_clusters_and_the_nodes_wher
     theirs, where = claims.split(seen, "one", "c.yaml")
     assert theirs == {"a": [other], "b": [copy], "c": []}
     assert where == {"a"}  # b holds a cluster of our name from another file: not ours
+
+
+def test_a_cluster_whose_front_door_is_not_on_our_head_is_said_once_where_its_door_is() -> None:
+    ours, other = cluster("one", 8000), cluster("two", 8001)
+    no_door = config.parse(
+        BASE.format(name="three", port=8002, backend="ray", memory=0.1)
+        + "front_door: {enabled: false}\n"
+    )
+    door, serve = claim_of(other, "front-door"), claim_of(other)
+    # Its door on our worker (its head there): said there, not on the head where its serve is.
+    said = claims.apart(ours, {"a": [serve], "b": [door, claim_of(no_door)]})
+    assert said == {
+        "b": [
+            "'two' has its front door here, not on a with this one's: neither routes to the other's"
+            " model (routes between doors on different nodes are not built)"
+        ]
+    }
+    # Its door on a node that is not ours: said at the first node it is seen on, once.
+    assert list(claims.apart(ours, {"a": [serve], "b": [serve]})) == ["a"]
+    assert "front door on another node" in claims.apart(ours, {"a": [serve], "b": [serve]})["a"][0]
+    # Its door beside ours on our head: both doors route to both models; nothing to say.
+    assert claims.apart(ours, {"a": [door], "b": [serve]}) == {}
+    # A cluster with no door, or ours without one: no route either way, nothing said.
+    assert claims.apart(ours, {"b": [claim_of(no_door)]}) == {}
+    off = config.parse(
+        BASE.format(name="one", port=8000, backend="ray", memory=0.4)
+        + "front_door: {enabled: false}\n"
+    )
+    assert claims.apart(off, {"b": [door]}) == {}

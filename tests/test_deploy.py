@@ -127,6 +127,31 @@ def test_a_front_door_that_cannot_start_fails_up_before_the_model_loads(stack: P
     assert containers(head, "shut") == {}  # rolled back
 
 
+def test_preflight_says_a_cluster_whose_front_door_is_on_another_node_is_not_routed(
+    stack: Pair,
+) -> None:
+    """A door routes to the vLLMs on its own node alone: a cluster headed on our worker is not
+    behind our door, nor we behind its door; preflight and `up` say so, on that node."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    shared = "gpu_memory_utilization: 0.1"
+    vllm = f"{{port: 30001, served_model_name: away, {shared}}}"
+    away = clusters.write_config(tmp / "away.yaml", "away", [worker], images.STANDIN, vllm=vllm)
+    up = cli("up", away, cwd=tmp)
+    assert up.returncode == 0, up.stderr
+    ours = clusters.write_config(
+        tmp / "ours.yaml", "ours", [head, worker], images.STANDIN, vllm=f"{{port: 30000, {shared}}}"
+    )
+    checked = cli("preflight", ours, cwd=tmp)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    said = [line for line in checked.stdout.splitlines() if "'away' has its front door" in line]
+    assert len(said) == 1 and "spark2" in said[0], checked.stdout
+    assert "'away' has its front door here, not on spark1 with this one's" in said[0]
+    up = cli("up", ours, cwd=tmp)
+    assert up.returncode == 0, up.stderr
+    assert "front door: spark2: 'away' has its front door here, not on spark1" in up.stderr
+
+
 def test_four_nodes_tp2_pp2_each_named_its_own_way_up_twice_changes_nothing_down_leaves_nothing(
     stack: Pair,
 ) -> None:

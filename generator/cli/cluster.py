@@ -35,7 +35,8 @@ from generator.operations import evidence, history, observe, workflow
 from generator.operations import preflight as preflight_checks
 from generator.operations import top as top_view
 from generator.operations import watch as watching
-from generator.operations.deploy import Timeouts, refuse_same_name
+from generator.operations.deploy import Timeouts
+from generator.stack import claims
 
 SkipPreflightOpt = Annotated[
     bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")
@@ -153,7 +154,8 @@ def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Stop and remove the stack on every node, in parallel, volumes included. A cluster of
     the config's name started from another config file is left alone, and named."""
     fleet = open_config(path, outdir).fleet
-    refuse_same_name(fleet)
+    others = fleet.neighbours(fleet.cluster.nodes, stopped=True)
+    claims.refuse_same_name(fleet.cluster.name, fleet.source, others)
     outcome = fleet.down()
     for node, what in outcome.items():
         out.print(f"{node}: {what}")

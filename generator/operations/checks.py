@@ -16,7 +16,7 @@ from generator.nodes import hardware
 from generator.nodes.hardware import Gpu, Hardware
 from generator.operations import stamps
 from generator.operations.stamps import Recorded
-from generator.stack.claims import Claim, clashes
+from generator.stack.claims import Claim, apart, clashes
 
 SHM_MIN = 1 << 30  # below this, NCCL and vLLM's shared-memory transfers fail
 TOKEN_AUTH_SINCE = (2, 52)  # the first Ray with RAY_AUTH_MODE=token
@@ -94,7 +94,11 @@ def evaluate(
     checks += [_model(cluster, n, facts[n.name], head, recorded.get(n.name)) for n in nodes]
     checks += [_shm(n, facts[n.name]) for n in nodes]
     others = others or {}
-    checks += [_neighbours(cluster, n, others.get(n.name, []), facts[n.name]) for n in nodes]
+    away = apart(cluster, others)  # node -> notes
+    checks += [
+        _neighbours(cluster, n, others.get(n.name, []), facts[n.name], away.get(n.name, []))
+        for n in nodes
+    ]
     checks += [_memlock(cluster, n, facts[n.name]) for n in nodes]
     checks += [_memory_monitor(cluster, n, facts[n.name]) for n in nodes]
     checks += [c for n in nodes for c in _hardware(cluster, n, facts[n.name], running.serve)]
@@ -226,9 +230,9 @@ def _shm(node: Node, f: Facts) -> Check:
     return passed("shm", node.name, f"/dev/shm {size / 2**30:.1f} GiB")
 
 
-def _neighbours(c: Cluster, node: Node, others: list[Claim], f: Facts) -> Check:
+def _neighbours(c: Cluster, node: Node, others: list[Claim], f: Facts, notes: list[str]) -> Check:
     """Another cluster on the node: no port of ours among its ports, and together no more GPU
-    memory than the node has, nor object stores larger than /dev/shm."""
+    memory than the node has, nor object stores larger than /dev/shm. `notes`: claims.apart's."""
     if not others:
         return passed("clusters", node.name, "no other cluster runs here")
     found = clashes(c, node.name, others, f.shm_bytes)
@@ -236,7 +240,9 @@ def _neighbours(c: Cluster, node: Node, others: list[Claim], f: Facts) -> Check:
     if found:
         hint = "another name, another vllm.port (every port follows it) or less memory"
         return failed("clusters", node.name, "; ".join(found), hint)
-    return passed("clusters", node.name, f"beside {names}: no port or memory clash")
+    return passed(
+        "clusters", node.name, "; ".join([f"beside {names}: no port or memory clash", *notes])
+    )
 
 
 def _memlock(c: Cluster, node: Node, f: Facts) -> Check:

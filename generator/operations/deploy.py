@@ -83,7 +83,8 @@ class Deployment:
         if seen is None or len(seen) < len(fleet.cluster.nodes):  # none taken, or one missed
             seen = survey.of(fleet.cluster, stopped=True)
         theirs, ours = claims.split(seen, fleet.cluster.name, fleet.source)
-        refuse_same_name(fleet, theirs)  # before the secrets: they would replace that cluster's
+        # Before the secrets: they would replace that cluster's.
+        claims.refuse_same_name(fleet.cluster.name, fleet.source, theirs)
         others = {node: [c for c in on if claims.live(c)] for node, on in theirs.items()}
         if self.locked and not self.accept_drift:
             lock.refuse_image_drift(fleet, self.locked, self.lock_file)
@@ -282,17 +283,3 @@ class Deployment:
                 if not what.startswith("removed"):
                     fleet.report(f"recreate: {node}: {what}")
         return self.up(door_stays=True)
-
-
-def refuse_same_name(fleet: Fleet, seen: dict[str, list[claims.Claim]] | None = None) -> None:
-    """A cluster of this name started from another config file is on a node, running or
-    stopped: its stacks are not this config's to replace or remove (claims.foreign). `seen`:
-    fleet.neighbours with the stopped ones, when already looked up."""
-    if seen is None:
-        seen = fleet.neighbours(fleet.cluster.nodes, stopped=True)
-    for node, on in seen.items():
-        for claim in on:
-            if claim.cluster == fleet.cluster.name:
-                cause = f"{claims.name_taken(claim)}, not {fleet.source}"
-                hint = f"give this config another name, or act on that one: {claim.config}"
-                raise DockerError(node, cause, hint=hint)

@@ -77,6 +77,9 @@ def must_pass(
     failures = [c.line() for c in found if c.status == "fail"]
     if failures:
         raise PreflightError(failures, time.monotonic() - start)
+    for node, notes in claims.apart(fleet.cluster, others).items():  # passed, but worth saying
+        for note in notes:
+            fleet.report(f"front door: {node}: {note}")
     if locked:
         drift = [
             line

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from generator.base.containers import described
+from generator.base.errors import DockerError
 from generator.config import ports
 
 if TYPE_CHECKING:
@@ -167,9 +168,44 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
     return found
 
 
+def apart(c: Cluster, others: dict[str, list[Claim]]) -> dict[str, list[str]]:
+    """node -> what to say there of the other clusters on the nodes behind a front door that is
+    not on this cluster's head: their models are not behind its door, nor its model behind
+    theirs (a door routes to the vLLMs on its own node alone). Each is said once: where its door
+    is, or the first node it is seen on when its door is on none of these. `others`: node -> the
+    other clusters running there, as that node's engine shows them."""
+    if not c.front_door.enabled:
+        return {}
+    beside = {o.cluster for o in others.get(c.head.name, []) if o.front_door}
+    at: dict[str, tuple[str, Claim]] = {}
+    for node in (n.name for n in c.nodes):
+        for o in others.get(node, []):
+            if o.route and o.cluster not in beside and (o.front_door or o.cluster not in at):
+                at[o.cluster] = (node, o)
+    said: dict[str, list[str]] = {}
+    for node, o in at.values():
+        said.setdefault(node, []).append(
+            f"'{o.cluster}' has its front door {'here' if o.front_door else 'on another node'},"
+            f" not on {c.head.name} with this one's: neither routes to the other's model"
+            " (routes between doors on different nodes are not built)"
+        )
+    return said
+
+
 def name_taken(other: Claim) -> str:
     """Another config's cluster under this config's name (`foreign` says which are)."""
     return f"the name '{other.cluster}' is taken by the cluster started from {other.config}"
+
+
+def refuse_same_name(name: str, config: str, others: dict[str, list[Claim]]) -> None:
+    """A cluster of this name started from another config file is on a node (`others`: node ->
+    the other clusters there, running or stopped): its stacks are not this config's to replace
+    or remove (`foreign`)."""
+    for node, on in others.items():
+        for claim in on:
+            if claim.cluster == name:
+                hint = f"give this config another name, or act on that one: {claim.config}"
+                raise DockerError(node, f"{name_taken(claim)}, not {config}", hint=hint)
 
 
 def port_clashes(c: Cluster, others: list[Claim]) -> list[str]:
