@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import clusters, images
-from tests.support.clusters import Background, Pair, cli, containers
+from tests.support.clusters import Background, Pair, cli, completion_from, containers
 from tests.support.testbed import Node, Testbed
 
 pytestmark = pytest.mark.testbed
@@ -215,6 +215,35 @@ def test_watch_at_its_defaults_names_a_killed_container_from_its_event_and_start
     assert after == before  # started again, not made anew
     said = str(head.docker.container.logs(containers(head, "killed")["serve"]))
     assert f"the group broke: {worker.ip}:" in said, said[-2000:]  # re-formed by the supervisors
+
+
+def test_a_front_door_killed_under_watch_is_started_again_alone_and_answers(stack: Pair) -> None:
+    """The head's front door killed through its engine (Docker will not start it again): the
+    group still serves, but no client reaches it. watch at its defaults starts the door again at
+    once, as it was, touching nothing of the group, and asks it as a client would; a client's
+    completion through it answers."""
+    bed, tmp = stack
+    head, worker = bed.nodes[:2]
+    config = write_config(tmp / "c.yaml", "doorkill", [head, worker])
+    assert cli("up", config, cwd=tmp).returncode == 0
+    before = clusters.ids([head, worker], "doorkill")
+    watcher = Background("watch", config, cwd=tmp)
+    try:
+        watcher.wait_for("watch: ok", 120)
+        time.sleep(1)  # the event streams are open by now
+        head.docker.container.kill(containers(head, "doorkill")["front-door"])
+        watcher.wait_for("spark1: front-door sent signal 9 through its engine", 60)
+        watcher.wait_for("watch: spark1's front-door not running; starting it again", 10)
+        watcher.wait_for("front door: spark1: answers on port 30000", 60)  # asked by watch
+        watcher.wait_for("watch: spark1's front-door started again", 10)
+        url = "http://192.168.200.12:30000/v1/completions"
+        assert completion_from(worker, url, config)["choices"]
+    finally:
+        code = watcher.interrupt()
+    assert code == 130, watcher.output
+    assert "recover" not in watcher.output and "check failed" not in watcher.output
+    after = clusters.ids([head, worker], "doorkill")
+    assert after == before  # started again, not made anew; the group untouched
 
 
 def test_a_crash_docker_restarts_is_left_to_heal_and_watch_says_who_healed_it(

@@ -32,8 +32,10 @@ class FakeGroup:
         recreate_fails: int = 0,
         heat: list[dict[str, Reading]] | None = None,
         signs: list[list[Sign]] | None = None,
+        down: list[dict[str, list[str]]] | None = None,
     ) -> None:
         self.checks = list(checks)
+        self.down_at = list(down or [])  # sidecars down, one a look; none left: all up
         self.recreate_fails = recreate_fails
         self.readings = list(heat or [])  # one a look; none left: every GPU cool
         self.events = list(signs or [])  # one a pause between checks; none left: none come
@@ -45,6 +47,12 @@ class FakeGroup:
             raise Done
         self.calls.append("check")
         return self.checks.pop(0)
+
+    def sidecars(self) -> set[str]:
+        return {"front-door", "mtail"}
+
+    def sidecars_down(self) -> dict[str, list[str]]:
+        return self.down_at.pop(0) if self.down_at else {}
 
     def heat(self) -> dict[str, Reading]:
         return self.readings.pop(0) if self.readings else {}
@@ -303,6 +311,53 @@ def test_a_sign_the_group_shrugged_off_changes_nothing() -> None:
     assert "recreate" not in group.calls
 
 
+DOOR_KILLED = [Sign("spark1", "front-door", "kill", "d", signal=9),
+               Sign("spark1", "front-door", "die", "d", exit_code=137)]  # fmt: skip
+
+
+def test_a_door_killed_through_its_engine_is_started_again_alone_and_no_recovery_counted() -> None:
+    """The front door is not the group: started again at once, as it was, with nothing of the
+    group touched or checked for it, and no recovery counted."""
+    door = {"spark1": ["front-door"]}
+    group = FakeGroup([[], []], signs=[DOOR_KILLED], down=[{}, door])
+    clock, lines, _ = run(group, POLICY)
+    assert group.calls == ["check", "start_again {'spark1': ['front-door']}", "check"]
+    assert clock.sleeps == [1, 5]  # at once: named 1 s into the pause, started with no wait
+    assert lines[1:4] == [
+        "watch: spark1: front-door sent signal 9 through its engine (docker kill or stop);"
+        " spark1: front-door exited (exit 137)",
+        "watch: spark1's front-door not running; starting it again",
+        "watch: spark1's front-door started again",
+    ]
+    assert not any("recovery" in line or "confirmed" in line for line in lines)
+
+
+def test_a_sidecar_found_down_at_a_check_is_started_again_and_one_that_exited_left_to_docker() -> (
+    None
+):
+    """Down before watch started, or its event missed: found at the next look. One that exited
+    by itself Docker restarts (it is not down to watch); it is only named."""
+    exited = [Sign("spark1", "mtail", "die", "m", exit_code=1)]
+    group = FakeGroup([[], []], signs=[exited], down=[{"spark1": ["front-door", "mtail"]}])
+    _, lines, _ = run(group, POLICY)
+    assert group.calls == ["start_again {'spark1': ['front-door', 'mtail']}", "check", "check"]
+    assert lines[0] == "watch: spark1's front-door, mtail not running; starting them again"
+    assert "watch: spark1: mtail exited (exit 1)" in lines
+    assert not any("Docker starts it again" in line or "healed" in line for line in lines)
+
+
+def test_a_door_that_cannot_start_again_is_said_and_tried_at_the_next_look() -> None:
+    door = {"spark1": ["front-door"]}
+    group = FakeGroup([[], []], recreate_fails=1, down=[door, door])
+    _, lines, _ = run(group, POLICY)
+    assert group.calls.count("start_again {'spark1': ['front-door']}") == 2
+    assert lines[1] == (
+        "watch: spark1's front-door not started again: node 'spark2': phase 'contexts' failed:"
+        " context 'spark2' does not answer"
+    )
+    assert "recreate" not in group.calls
+
+
 def test_the_follower_marks_a_die_that_follows_a_kill_in_a_later_batch(tmp_path: Path) -> None:
     """The follower over a FAKE `docker` (a script replaying two real event lines, a second
     apart, as a `docker stop` spreads its kill and die): the die comes marked, so watch does not
@@ -346,6 +401,7 @@ def test_a_heads_ray_started_again_takes_its_serve_with_it(
     stacks = {"spark1": ray if backend == "ray" else native, "spark2": [Service("ray", [], None)]}
     fleet = types.SimpleNamespace(
         cluster=types.SimpleNamespace(nodes=[one, two]),
+        head=one,
         stacks={name: types.SimpleNamespace(services=s) for name, s in stacks.items()},
         report=lines.append,
         contexts_answer=lambda: None,

@@ -230,6 +230,12 @@ class Deployment:
     def problems(self, deadline: float) -> list[str]:
         return observe.problems(self.fleet, deadline)
 
+    def sidecars(self) -> set[str]:
+        return {s.name for stack in self.fleet.stacks.values() for s in stack.sidecars}
+
+    def sidecars_down(self) -> dict[str, list[str]]:
+        return observe.sidecars_down(self.fleet)
+
     def heat(self) -> dict[str, Reading]:
         return observe.heat(self.fleet)
 
@@ -260,7 +266,8 @@ class Deployment:
 
     def start_again(self, services: dict[str, list[str]]) -> None:
         """The named services, and those in their process namespace (Ray's serve: its exit may not
-        be in the signs yet), started again as they were; the supervisors re-form the group."""
+        be in the signs yet), started again as they were; the supervisors re-form the group. A
+        front door among them is then asked as a client would (door.answers)."""
         nodes, started = {n.name: n for n in self.fleet.cluster.nodes}, {}
         for name, names in services.items():
             if beside := sharing(self.fleet.stacks[name].services, names):
@@ -268,6 +275,8 @@ class Deployment:
             started[nodes[name]] = [*names, *beside]
         self.fleet.contexts_answer()  # an engine that went away is named as such
         self._started("start again", started)
+        if door.NAME in services.get(self.fleet.head.name, []):
+            door.answers(self.fleet)
 
     def recreate(self) -> Result:
         """The whole group again: its logs saved; serve, the workers, then the head down (volumes

@@ -157,6 +157,30 @@ def _service_problems(fleet: Fleet) -> tuple[list[str], list[Node]]:
     return found, lost
 
 
+def sidecars_down(fleet: Fleet) -> dict[str, list[str]]:
+    """node -> its sidecars (the front door; with `metrics`, the exporters) that are not running
+    and that Docker will not start again: stopped or killed through the engine, or removed (one
+    that exited by itself it restarts). The group serves without them, so they are not among its
+    problems; but its clients reach it through the door. A node whose engine does not answer is
+    left out: its problems name it."""
+
+    def down(node: Node) -> Callable[[], list[str]]:
+        def run() -> list[str]:
+            states = fleet.states(node)
+            return [s.name for s in fleet.stacks[node.name].sidecars if not _up(states.get(s.name))]
+
+        return run
+
+    nodes = [n for n in fleet.cluster.nodes if fleet.stacks[n.name].sidecars]
+    seen = each({n.name: down(n) for n in nodes}, STATE_TIMEOUT)
+    return {node: names for node, names in seen.items() if isinstance(names, list) and names}
+
+
+def _up(state: ContainerState | None) -> bool:
+    """Running, or about to be again (its restart policy's back-off)."""
+    return state is not None and bool(state.running or state.restarting)
+
+
 def gpus(fleet: Fleet, node: Node) -> Hardware | None:
     """The node's GPUs and memory, as its first service's container sees them; None when it
     cannot say (not running, or its engine does not answer)."""

@@ -11,6 +11,11 @@ unhealthy), it confirms with a check and acts at once: a container killed, stopp
 started again as it was (the first recovery in a row) and the supervisors re-form the group
 around it; anything else, or a start that does not heal in time, recreates the group.
 
+The sidecars (the front door, and with `metrics` its exporters) are not the group: one that
+exited Docker starts again by itself, and one killed, stopped or removed through its engine watch
+starts again alone, at once and at every check, without touching the group or counting a
+recovery. The door above all: the group's clients reach it through the door.
+
 Every `interval` seconds the group is also checked (Deployment.problems: every service running on
 every node, every node alive in Ray, a real completion back within `deadline`): the fallback for
 what neither an event nor a supervisor names. After `failures` failed checks in a row the whole
@@ -42,6 +47,8 @@ from generator.nodes.hardware import Reading
 
 class Group(Protocol):
     def problems(self, deadline: float) -> list[str]: ...
+    def sidecars(self) -> set[str]: ...
+    def sidecars_down(self) -> dict[str, list[str]]: ...
     def heat(self) -> dict[str, Reading]: ...
     def signs(self, timeout: float) -> list[Sign]: ...
     def quiet(self) -> None: ...
@@ -86,6 +93,7 @@ def watch(
     """Check, recover, repeat; returns only by raising (WatchGaveUp after the cap)."""
     state = _State(recovered_at=clock())
     while True:
+        _kept(group, report)
         problems = group.problems(policy.deadline)
         state.heat |= group.heat()  # a node that does not answer keeps its last reading
         if not problems:
@@ -116,6 +124,10 @@ def _signed(
         return
     clock, sleep = time_
     report(f"watch: {'; '.join(dict.fromkeys(s.said() for s in signs))}")
+    _kept(group, report)
+    signs = [s for s in signs if s.service not in group.sidecars()]
+    if not signs:
+        return
     if heals(signs):
         docker = any(s.action in RESTARTED for s in signs)
         who = "Docker and the supervisors" if docker else "the supervisors"
@@ -134,6 +146,24 @@ def _signed(
     restarted = bool(services) and _restarted(group, state, services, policy, report, time_)
     if restarted or _recovered(group, state, problems[0], policy, report, sleep):
         state.failed, state.recovered_at = 0, clock()
+
+
+def _kept(group: Group, report: Report) -> None:
+    """The sidecars that are down and that Docker will not start again (the front door above
+    all: the group's clients reach it through the door) started again alone, at once, as they
+    were: no recovery of the group, and not counted as one."""
+    down = group.sidecars_down()
+    if not down:
+        return
+    named = "; ".join(f"{node}'s {', '.join(names)}" for node, names in down.items())
+    them = "them" if sum(map(len, down.values())) > 1 else "it"
+    report(f"watch: {named} not running; starting {them} again")
+    try:
+        group.start_again(down)
+    except VllmComposeError as e:
+        report(f"watch: {named} not started again: {e.message}")
+        return
+    report(f"watch: {named} started again")
 
 
 def _healed(group: Group, policy: Policy, report: Report, time_: Time, who: str) -> bool:

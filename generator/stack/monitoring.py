@@ -47,7 +47,8 @@ DCGM_FIELDS = (
 @dataclass(frozen=True)
 class Sidecar:
     """A service beside the group, on an image of its own: nothing waits for it, and the group's
-    checks and recoveries leave it out (`watch` recreates it with the group)."""
+    checks leave it out (`watch` starts one that is down again alone, and recreates it with the
+    group)."""
 
     name: str
     image: str
