@@ -4,7 +4,7 @@ options, as the README runs it), and a bounded load of 4 clients, half of their 
 streamed, running through each fault in turn; the cold `up` of the same run (compile caches
 empty, as after `down`) is the yardstick.
 
-    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghi] [--watch-stopped]
+    python -m benchmarks.chaos [--backend native|ray|both] [--faults abcdefghij] [--watch-stopped]
                                [--soak MINUTES]
 
 Faults: a. the worker's process crashes (its container's first process killed from outside
@@ -13,7 +13,8 @@ container killed with `docker kill`; c. the head's serve container killed; d. th
 power cut (engine and containers killed, then the engine started); e. both nodes' power cut;
 f. the link between the nodes down for 20 s; g. `upgrade` to a changed config (an added
 variable; watch stopped meanwhile, as two controllers must not act at once); h. `rollback`;
-i. the worker's rank hung (its processes stopped with SIGSTOP; container and supervisor stay).
+i. the worker's rank hung (its processes stopped with SIGSTOP; container and supervisor stay);
+j. the head's front door killed with `docker kill` (the group itself untouched).
 
 The clients send to the endpoint, the front door (on by default), and each waits up to 150 s for
 its answer (past the door's hold, 120 s). Per fault: time to detection (the fault to watch's
@@ -58,11 +59,13 @@ KEPT = Path("/tmp/vllm-compose-chaos-watch")  # each fault's watch lines, kept a
 STEADY = 10  # seconds of answers in a row that end a fault's wait
 GAP = 3  # seconds: the longest silence those may hold (4 clients get several answers a second)
 CLIENTS = 4
+WAIT = 150  # seconds a client waits for its answer: past the front door's hold (120 s)
 FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
 LINK_CUT = 20
 GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
 WATCHING = True  # --watch-stopped: no watch at all
 GOALS["i"] = 1.0  # no goal set for a hang; the canary alone waits group.hang_after (60 s)
+GOALS["j"] = 0.6  # none set for the door; a killed container's
 
 
 class Watcher:
@@ -173,6 +176,8 @@ def healer(lines: list[str]) -> str:
         return found[1]
     if "recovery" in text and "done: serving again" in text:
         return "watch (recreate)"
+    if re.search(r"watch: .* started again$", text, re.MULTILINE):
+        return "watch (started it again alone)"
     return "the stacks themselves"
 
 
@@ -211,6 +216,10 @@ def power_both(bed: Testbed, config: Path, backend: str) -> None:
         bed.start_engine(node)
 
 
+def kill_door(bed: Testbed, config: Path, backend: str) -> None:
+    bed.nodes[0].docker.container.kill(clusters.containers(bed.nodes[0], "chaos")["front-door"])
+
+
 def hang_worker(bed: Testbed, config: Path, backend: str) -> None:
     faults.hang_rank(bed.nodes[1], "chaos", backend)
 
@@ -229,6 +238,7 @@ FAULTS: dict[str, tuple[str, Fault]] = {
     "e": ("e. both nodes' power cut", power_both),
     "f": (f"f. link cut {LINK_CUT} s", link_cut),
     "i": ("i. worker's rank hung", hang_worker),
+    "j": ("j. head's front door killed", kill_door),
 }
 RELEASES = {"g": "g. upgrade", "h": "h. rollback"}
 
@@ -238,8 +248,7 @@ def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[fl
     config, cold = cold_up(bed, backend, image)
     figures = []
     url = f"http://{head.ip}:{PORT}/v1/chat/completions"  # the front door (on by default)
-    # Each client waits for its answer past the front door's hold (120 s), as an agent would.
-    load = Load(url, clusters.api_key(config), MODEL, timeout=150)
+    load = Load(url, clusters.api_key(config), MODEL, timeout=WAIT)  # as an agent would wait
     with load.running(CLIENTS):
         for key in faults:
             figures.append(_fault(bed, config, backend, key, load))
@@ -317,7 +326,7 @@ def _row(f: Figure, cold: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos")
     parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
-    parser.add_argument("--faults", default="abcdefigh")
+    parser.add_argument("--faults", default="abcdefighj")
     stopped_help = "run the faults with no watch: what the stacks heal by themselves"
     parser.add_argument("--watch-stopped", action="store_true", help=stopped_help)
     soak_help = "instead: a soak, a fault every 5 minutes (30 for the figure)"

@@ -7,7 +7,9 @@ tiny model, eager), TP=2 over two emulated nodes, the tool at its defaults (fron
   it) and `vllm-compose bench --direct` (vLLM itself) in turn, N rounds, the order alternated,
   after one untimed `bench --direct` (vLLM's first batches of a size are slower);
   per concurrency the median over the rounds of output tokens/s through the door over direct,
-  and of the median TTFT's difference. Goals: >= 0.98x, <= 2 ms more.
+  and of the median TTFT's difference. Goals: >= 0.98x, <= 2 ms more. Beside them, where the
+  cost goes: the CPU seconds the door's container and both serve containers used during each
+  `bench` (their cgroups' own counts), on this machine where the model runs on the same CPUs.
 - Keys: `keys add` then requests with the new key until one is answered (every 0.1 s), and
   `keys revoke` then requests until one is refused: seconds from the command's start. Goal:
   <= 5 s each.
@@ -26,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -38,12 +41,41 @@ MODEL = f"{MODELS}/{images.MODEL}"
 PORT = 30000
 WORK = Path("/tmp/vllm-compose-door")
 KEY_LIMIT = 30  # seconds a key change may take before the run gives up on it
+PROJECT = "door"  # the cluster's name
+
+
+@dataclass(frozen=True)
+class Run:
+    figures: dict[int, dict[str, float]]  # concurrency -> bench's figures
+    cpu: dict[str, float]  # "door", "vllm" -> CPU seconds used during the run
 
 
 def bench(config: Path, direct: bool) -> dict[int, dict[str, float]]:
     """One `bench` at its defaults: concurrency -> its figures."""
     said = json.loads(tool("bench", config, "--json", *(["--direct"] if direct else [])))
     return {r["max_concurrency"]: r for r in said["results"]}
+
+
+def cpu(node: Node, service: str) -> float:
+    """CPU seconds the service's container has used so far: its cgroup's own count (cgroup v1's
+    cpuacct, or v2's cpu.stat), every process it ran included, exited ones too."""
+    pid = clusters.containers(node, PROJECT)[service].state.pid
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            usage = Path(f"/sys/fs/cgroup/{controllers}{path}/cpuacct.usage").read_text()
+            return int(usage) / 1e9
+    stat = Path(f"/sys/fs/cgroup{path}/cpu.stat").read_text().split()  # v2: the `0::` line
+    return int(stat[stat.index("usage_usec") + 1]) / 1e6
+
+
+def measured(config: Path, direct: bool, head: Node, worker: Node) -> Run:
+    """One `bench`, with the CPU seconds the door and vLLM (both nodes' serve) used meanwhile."""
+    parts = {"door": [(head, "front-door")], "vllm": [(head, "serve"), (worker, "serve")]}
+    before = {name: sum(cpu(*one) for one in where) for name, where in parts.items()}
+    figures = bench(config, direct)
+    used = {name: sum(cpu(*one) for one in where) - before[name] for name, where in parts.items()}
+    return Run(figures, used)
 
 
 def status(ip: str, key: str) -> int:
@@ -94,7 +126,7 @@ def main() -> None:
         # Eager: this CPU image cannot compile; the door's cost does not depend on it.
         args = "args: [--dtype, float32, --enforce-eager]"
         vllm = f"{{port: {PORT}, max_model_len: 256, startup_timeout: 900, {args}}}"
-        config = clusters.write_config(WORK / "door.yaml", "door", [head, worker], image,
+        config = clusters.write_config(WORK / "door.yaml", PROJECT, [head, worker], image,
                                        backend="native", model=MODEL, vllm=vllm)  # fmt: skip
         tool("up", config)
         serving(str(head.ip), clusters.api_key(config))
@@ -102,13 +134,13 @@ def main() -> None:
         # whichever path ran first (round 1's door, before this).
         print("warm-up: bench --direct (not counted)", flush=True)
         bench(config, direct=True)
-        runs: dict[bool, list[dict[int, dict[str, float]]]] = {False: [], True: []}
+        runs: dict[bool, list[Run]] = {False: [], True: []}
         try:
             for n in range(rounds):
                 for direct in (n % 2 == 1, n % 2 == 0):
                     how = "--direct" if direct else "(front door)"
                     print(f"round {n + 1}: bench {how}", flush=True)
-                    runs[direct].append(bench(config, direct))
+                    runs[direct].append(measured(config, direct, head, worker))
         except RuntimeError:
             kept(head)
             raise
@@ -125,28 +157,40 @@ def kept(head: Node) -> None:
         print(f"kept: {log}", flush=True)
 
 
-def _report(
-    runs: dict[bool, list[dict[int, dict[str, float]]]], timings: list[tuple[float, float]]
-) -> None:
+def _report(runs: dict[bool, list[Run]], timings: list[tuple[float, float]]) -> None:
+    door, direct = [r.figures for r in runs[False]], [r.figures for r in runs[True]]
     print("\nfront door against direct (median over the rounds):")
-    for c in sorted(runs[False][0]):
-        ratio = statistics.median(
-            door[c]["output_throughput"] / direct[c]["output_throughput"]
-            for door, direct in zip(runs[False], runs[True], strict=True)
-        )
-        ttft = statistics.median(
-            door[c]["median_ttft_ms"] - direct[c]["median_ttft_ms"]
-            for door, direct in zip(runs[False], runs[True], strict=True)
-        )
+    pairs = list(zip(door, direct, strict=True))
+    for c in sorted(door[0]):
+        rate = "output_throughput"
+        ratio = statistics.median(d[c][rate] / x[c][rate] for d, x in pairs)
+        ttft = statistics.median(d[c]["median_ttft_ms"] - x[c]["median_ttft_ms"] for d, x in pairs)
         each = ", ".join(
-            f"{d[c]['output_throughput']:.0f}/{x[c]['output_throughput']:.0f}"
-            for d, x in zip(runs[False], runs[True], strict=True)
+            f"{d[c]['output_throughput']:.0f}/{x[c]['output_throughput']:.0f}" for d, x in pairs
         )
         print(f"  concurrency {c:>3}: output tok/s {ratio:.3f}x direct (goal >= 0.98; door/direct"
               f" by round: {each}), median TTFT {ttft:+.1f} ms (goal <= +2)")  # fmt: skip
+    _cpu(runs)
     for added, revoked in timings:
         print(f"  keys: a new key answered {added:.2f} s after `keys add` began, refused"
               f" {revoked:.2f} s after `keys revoke` began (goal <= 5 s)")  # fmt: skip
+
+
+def _cpu(runs: dict[bool, list[Run]]) -> None:
+    """Where the door's cost goes: the CPU it used, against serve's (vLLM on both nodes, and
+    bench's client, which runs in the head's serve), per `bench` (median over the rounds)."""
+
+    def median(direct: bool, part: str) -> float:
+        return statistics.median(r.cpu[part] for r in runs[direct])
+
+    tokens = statistics.median(
+        sum(f["output_throughput"] * f["duration"] for f in r.figures.values()) for r in runs[False]
+    )
+    door, serve, serve_direct = median(False, "door"), median(False, "vllm"), median(True, "vllm")
+    print(f"  CPU a bench: the door {door:.2f} s through it ({median(True, 'door'):.2f} s when"
+          f" direct), {door / tokens * 1e6:.0f} us a generated token; serve {serve:.1f} s through"
+          f" the door, {serve_direct:.1f} s direct; the door's share of the two:"
+          f" {door / (door + serve):.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -108,16 +108,21 @@ def door(haproxy: str, variant: tuple[str, str], upstream: int) -> Iterator[int]
     with tempfile.TemporaryDirectory(prefix="door-arrivals-") as tmp:
         port = free_port()
         cfg = configuration(Path(tmp), port, upstream, variant)
-        quiet = subprocess.DEVNULL
-        process = subprocess.Popen(
-            [haproxy, "-W", "-db", "-f", str(cfg)], stdout=quiet, stderr=quiet
-        )
-        try:
-            wait_listening(port, process)
+        with running(haproxy, cfg, port):
             yield port
-        finally:
-            process.terminate()
-            process.wait(10)
+
+
+@contextlib.contextmanager
+def running(haproxy: str, cfg: Path, port: int) -> Iterator[int]:
+    """haproxy on `cfg`, once it listens on `port`: its ID (its master's); ended by it."""
+    quiet = subprocess.DEVNULL
+    process = subprocess.Popen([haproxy, "-W", "-db", "-f", str(cfg)], stdout=quiet, stderr=quiet)
+    try:
+        wait_listening(port, process)
+        yield process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def free_port() -> int:
@@ -153,14 +158,19 @@ async def rounds(haproxy: str, count: int) -> dict[str, list[float]]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(name: str, doc: str) -> tuple[str, int]:
+    """The host's haproxy and the rounds asked for (`--rounds`), for the benchmark `name`."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc)
     parser.add_argument("--rounds", type=int, default=5, choices=range(1, 21))
-    args = parser.parse_args()
-    haproxy = shutil.which("haproxy") or sys.exit("door_arrivals: no haproxy (make setup)")
-    found = asyncio.run(rounds(haproxy, args.rounds))
+    count = int(parser.parse_args().rounds)
+    return shutil.which("haproxy") or sys.exit(f"{name}: no haproxy (make setup)"), count
+
+
+def main() -> None:
+    haproxy, count = arguments("door_arrivals", __doc__.splitlines()[0])
+    found = asyncio.run(rounds(haproxy, count))
     direct = statistics.median(found[DIRECT])
-    print(f"\n{AT_ONCE} requests at once; median arrival at the stand-in ({args.rounds} rounds):")
+    print(f"\n{AT_ONCE} requests at once; median arrival at the stand-in ({count} rounds):")
     for name, values in found.items():
         median = statistics.median(values)
         extra = "" if name == DIRECT else f"  (+{median - direct:.1f} ms against direct)"

@@ -43,16 +43,13 @@ def raw_copy(bed: Testbed, source: Path, target: Path) -> float:
     target.mkdir(parents=True)
     port = "47999"
     receiver = subprocess.Popen(
-        ["nsenter", f"--net=/var/run/netns/{worker.netns}", "sh", "-c",
-         f"nc -l -N {worker.ip} {port} | tar -x -C {target}"],
-    )  # fmt: skip
+        worker.inside("sh", "-c", f"nc -l -N {worker.ip} {port} | tar -x -C {target}")
+    )
     time.sleep(0.5)
     start = time.monotonic()
     subprocess.run(
-        ["nsenter", f"--net=/var/run/netns/{head.netns}", "sh", "-c",
-         f"tar -c -C {source} . | nc -N {worker.ip} {port}"],
-        check=True,
-    )  # fmt: skip
+        head.inside("sh", "-c", f"tar -c -C {source} . | nc -N {worker.ip} {port}"), check=True
+    )
     if receiver.wait(timeout=600) != 0:
         raise RuntimeError("raw copy failed")
     return time.monotonic() - start

@@ -1,10 +1,11 @@
 """The chaos benchmark's soak (`python -m benchmarks.chaos --soak MINUTES`): the same cluster and
 load as the fault run, `watch` at its defaults for the whole of it, and a fault from the list
 every 5 minutes (never upgrade or rollback: they need watch stopped). At the end: every request
-accounted for (answered, or failed with an error within the clients' timeout), the group serves,
-and the resident memory of `watch` and of each container, taken after a minute of load and again
-at the end, with its growth. Bounded: the soak's minutes, then at most FAULT_LIMIT for the last
-fault to heal.
+accounted for (answered, or failed with an error within the clients' wait, chaos.WAIT: past the
+front door's hold), what each failed one saw, the group serves, and the resident memory of
+`watch` and of each container, taken after a minute of load and again at the end, with its
+growth. Watch's lines are kept in chaos.KEPT (BACKEND-soak.log). Bounded: the soak's minutes,
+then at most FAULT_LIMIT for the last fault to heal.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pathlib import Path
 from benchmarks import chaos
 from benchmarks.day_two import serving, tool
 from tests.support import clusters, faults
-from tests.support.load import REQUEST_TIMEOUT, Load
+from tests.support.load import Load
 from tests.support.testbed import Testbed
 
 EVERY = 300  # seconds between faults
 FAULTS = "abcdfie"
 WARM = 60  # seconds of load before the first memory reading
+SHOWN = 60  # failed requests printed, at most
 GROWTH = 0.10  # the goal: at most this much more resident memory at the end
 
 
@@ -34,6 +36,7 @@ class Soak:
     answered: int
     failed_clean: int
     failed_unclean: int
+    failed_plain: int  # of the failed, those not streamed (the front door's goal: none)
     serving: bool
     memory: dict[str, tuple[int, int]]  # what -> (bytes after WARM, bytes at the end)
 
@@ -65,8 +68,9 @@ def soak(bed: Testbed, backend: str, minutes: float, image: str) -> Soak:
     head = bed.nodes[0]
     config, _ = chaos.cold_up(bed, backend, image)
     key = clusters.api_key(config)
-    load = Load(f"http://{head.ip}:{chaos.PORT}/v1/chat/completions", key, chaos.MODEL)
-    watcher = chaos.Watcher(config)
+    url = f"http://{head.ip}:{chaos.PORT}/v1/chat/completions"
+    load = Load(url, key, chaos.MODEL, timeout=chaos.WAIT)
+    watcher, began = chaos.Watcher(config), time.monotonic()
     injected: list[str] = []
     last = time.monotonic()  # the last fault
     try:
@@ -88,16 +92,23 @@ def soak(bed: Testbed, backend: str, minutes: float, image: str) -> Soak:
             after = memory(bed, watcher)
     finally:
         watcher.stop()
+        chaos.KEPT.mkdir(exist_ok=True)  # watch's lines, kept whatever the end
+        said = "".join(f"+{t - began:7.1f} s {x}\n" for t, x in watcher.lines)
+        (chaos.KEPT / f"{backend}-soak.log").write_text(said)
     try:
         up = serving(str(head.ip), key, limit=60) >= 0
     except RuntimeError:
         up = False
     tool("down", config)
     failed = [r for r in load.done if not r.ok]
-    clean = [r for r in failed if r.error and r.end - r.start <= REQUEST_TIMEOUT + 5]
+    clean = [r for r in failed if r.error and r.end - r.start <= chaos.WAIT + 5]
+    for r in failed[:SHOWN]:  # what each client saw, and when
+        kind = "streamed" if r.streamed else "plain"
+        print(f"{backend}: failed at {(r.start - start) / 60:.1f} min, {kind}: {r.error[:120]}")
     growth = {what: (before[what], after[what]) for what in before if what in after}
     return Soak(minutes, injected, sum(load.sent), sum(r.ok for r in load.done), len(clean),
-                len(failed) - len(clean), up, growth)  # fmt: skip
+                len(failed) - len(clean), sum(not r.streamed for r in failed), up,
+                growth)  # fmt: skip
 
 
 def report(backend: str, s: Soak) -> list[str]:
@@ -105,7 +116,8 @@ def report(backend: str, s: Soak) -> list[str]:
     lines = [
         f"{backend}: soak of {s.minutes:g} min, faults {', '.join(s.faults) or 'none'}:",
         f"  requests sent {s.sent}, recorded {recorded} (answered {s.answered}, failed with an"
-        f" error {s.failed_clean}, failed otherwise {s.failed_unclean})",
+        f" error {s.failed_clean}, failed otherwise {s.failed_unclean}; of the failed,"
+        f" {s.failed_plain} not streamed)",
         f"  serving at the end: {'yes' if s.serving else 'NO'}",
     ]
     for what, (first, last) in sorted(s.memory.items()):
