@@ -61,6 +61,7 @@ GAP = 3  # seconds: the longest silence those may hold (4 clients get several an
 CLIENTS = 4
 WAIT = 150  # seconds a client waits for its answer: past the front door's hold (120 s)
 FAULT_LIMIT = 600  # seconds a fault may take to serve again before the run gives up on it
+FAULT_RUN = 2 * FAULT_LIMIT  # seconds of load a fault may take in all (an upgrade, then its wait)
 LINK_CUT = 20
 GOALS = {"a": 0.6, "b": 0.6, "c": 0.6, "f": 0.6, "d": 1.0, "e": 1.0, "g": 1.0, "h": 1.0}
 WATCHING = True  # --watch-stopped: no watch at all
@@ -159,6 +160,9 @@ def steady(load: Load, since: float) -> None:
     deadline = since + FAULT_LIMIT
     while time.monotonic() < deadline:
         time.sleep(1)
+        if bound := load.spent():
+            raise RuntimeError(f"{bound} was met {time.monotonic() - since:.0f} s after the"
+                               " fault: no request is sent after it")  # fmt: skip
         now = time.monotonic()
         if now - since < STEADY:
             continue
@@ -248,7 +252,8 @@ def one_backend(bed: Testbed, backend: str, faults: str, image: str) -> tuple[fl
     config, cold = cold_up(bed, backend, image)
     figures = []
     url = f"http://{head.ip}:{PORT}/v1/chat/completions"  # the front door (on by default)
-    load = Load(url, clusters.api_key(config), MODEL, timeout=WAIT)  # as an agent would wait
+    # Each client waits as an agent would; the load lasts as long as every fault may take.
+    load = Load(url, clusters.api_key(config), MODEL, timeout=WAIT, seconds=FAULT_RUN * len(faults))
     with load.running(CLIENTS):
         for key in faults:
             figures.append(_fault(bed, config, backend, key, load))

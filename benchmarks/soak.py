@@ -69,7 +69,8 @@ def soak(bed: Testbed, backend: str, minutes: float, image: str) -> Soak:
     config, _ = chaos.cold_up(bed, backend, image)
     key = clusters.api_key(config)
     url = f"http://{head.ip}:{chaos.PORT}/v1/chat/completions"
-    load = Load(url, key, chaos.MODEL, timeout=chaos.WAIT)
+    seconds = minutes * 60 + chaos.FAULT_LIMIT + WARM  # the soak, then the last fault's wait
+    load = Load(url, key, chaos.MODEL, timeout=chaos.WAIT, seconds=seconds)
     watcher, began = chaos.Watcher(config), time.monotonic()
     injected: list[str] = []
     last = time.monotonic()  # the last fault

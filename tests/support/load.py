@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 REQUEST_TIMEOUT = 30  # seconds: a request with no answer by then counts as failed
-MAX_REQUESTS = 40_000  # over a whole load, all clients
+SECONDS = 3600  # a load's length at most, unless its user bounds it otherwise
+MAX_RATE = 50  # requests a second over that length, all clients: its bound in count (the
+# testbed's model answers about 20 a second); a load that meets it stops sending, and says so
 
 
 @dataclass
@@ -37,10 +39,23 @@ class Load:
     sent: list[int] = field(default_factory=list)  # requests sent, per client: every one is done
     timeout: float = REQUEST_TIMEOUT  # seconds a request may wait for its answer
     max_tokens: int = 8
+    seconds: float = SECONDS  # the load's bound in time; MAX_RATE a second of it, in count
+    until: float = 0.0  # when it ends at the latest (set by `running`)
+
+    def spent(self) -> str:
+        """'' while the load may go on; else the bound it met. No client sends past it, so no
+        answer comes after it: a wait for answers must not take that for the group's fault."""
+        if len(self.done) >= MAX_RATE * self.seconds:
+            return (
+                f"the load's bound of {MAX_RATE * self.seconds:.0f} requests ({MAX_RATE} a second)"
+            )
+        if self.until and time.monotonic() >= self.until:
+            return f"the load's bound of {self.seconds:g} s"
+        return ""
 
     def run(self, client: int) -> None:
         sent = 0
-        while not self.stop.is_set() and len(self.done) < MAX_REQUESTS:
+        while not self.stop.is_set() and not self.spent():
             streamed = (client + sent) % 2 == 0
             start = time.monotonic()
             self.sent[client] += 1
@@ -75,6 +90,7 @@ class Load:
     def running(self, clients: int) -> Iterator[Load]:
         """`clients` of them while inside; on leaving, each ends its request and stops."""
         self.sent[:] = [0] * clients
+        self.until = time.monotonic() + self.seconds
         threads = [
             threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(clients)
         ]
