@@ -3,6 +3,7 @@ answers every chat completion at once, named as one: it tests the load's own bou
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
@@ -34,15 +35,22 @@ class Answers(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+@contextlib.contextmanager
+def serving(handler: type[Answers]) -> Iterator[str]:
+    """The stand-in on a free loopback port, for the block: its chat completions URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with serving(Answers) as found:
+        yield found
 
 
 def test_a_load_that_meets_its_bound_in_count_stops_and_the_wait_for_answers_names_it(
@@ -80,10 +88,7 @@ def test_a_load_within_its_bounds_goes_on(url: str) -> None:
 
 def test_a_load_stops_at_its_bound_in_time() -> None:
     """A stand-in that takes 0.3 s an answer: the count bound (100) is out of reach in 2 s."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    with serving(Slow) as url:
         load = Load(url, "key", "m", seconds=2)
         with load.running(1):
             time.sleep(2.5)  # its last request, sent before the bound, has ended
@@ -91,7 +96,4 @@ def test_a_load_stops_at_its_bound_in_time() -> None:
             ended = len(load.done)
             time.sleep(0.5)
             assert len(load.done) == ended  # nothing sent after it
-    finally:
-        server.shutdown()
-        server.server_close()
     assert 4 <= ended <= 8, ended
