@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from python_on_whales import DockerClient
 
-from generator.stack import doorcounts, frontdoor
+from generator.stack import doorcounts, doorusage, frontdoor
+from tests.support import images
 from tests.support.door import runnable
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
@@ -32,7 +34,8 @@ ROUTES = [
 ]
 KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's (make setup installs it)
+# Debian 12's, 2.6 (make setup installs it); 3.0 runs from the door's test image (door_3).
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 MTAIL = shutil.which("mtail") or "/usr/bin/mtail"  # Debian's, too
 COUNTS_LOG, COUNTS = 31120, 31121  # mtail's: the door's lines (UDP) and Prometheus's (HTTP)
 
@@ -44,8 +47,9 @@ class Upstream(http.server.BaseHTTPRequestHandler):
     """Says who reached it and what it was sent, with the usage of an answer of 3 tokens for 7
     (vLLM's JSON answer); asked for a stream, vLLM's events instead: one of content (saying the
     same, but for the usage), then, as vLLM, only when the request asked for it, one of usage and
-    no choices; sent in pieces cut inside the events. A request with `"cut": true` gets the first
-    piece, then the connection is closed."""
+    no choices; sent in pieces cut inside the events. A request with `"cut": true` gets its first
+    event, then the connection is closed (as vLLM killed between two); one with `"events": N`, N
+    more events of 1 KiB of content before the rest, sent as fast as the door takes them."""
 
     def do_POST(self) -> None:
         body = self.body()
@@ -65,16 +69,18 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         events = [{"choices": [{"delta": {"content": "hi"}}], "said": said}]
+        events += [{"choices": [{"delta": {"content": "x" * 1024}}]}] * sent.get("events", 0)
         if (sent.get("stream_options") or {}).get("include_usage"):
             events.append({"choices": [], "usage": USAGE})
         out = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in [*events, "[DONE]"])
         out = out.replace(b'"[DONE]"', b"[DONE]")
-        for piece in (out[:20], out[20:-30], out[-30:], b""):  # the last event cut, too
+        pieces = [out[:20], out[20:-30], out[-30:], b""]  # the last event cut, too
+        if sent.get("cut"):  # as vLLM killed under way: the connection closed mid-answer
+            pieces = [out[: out.index(b"\n\n") + 2]]
+            self.close_connection = True
+        for piece in pieces:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.flush()
-            if sent.get("cut"):  # as vLLM killed under way: the connection closed mid-answer
-                self.close_connection = True
-                return
             time.sleep(0.05)
 
     def body(self) -> bytes:
@@ -137,6 +143,22 @@ def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     with started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"):
         yield
+
+
+@pytest.fixture
+def door_3(tmp_path: Path) -> Iterator[None]:
+    """The same door run by HAProxy 3.0 (Debian 13's: the testbed's door image) on the host's
+    network, its files where they are here."""
+    docker = DockerClient()
+    config = rendered(tmp_path, 3, frontdoor.Limits(0, 0))
+    name = f"vllm-compose-test-door-{PORT}"
+    run = [*docker.client_config.docker_cmd, "run", "--rm", "--name", name, "--network", "host",
+           "-v", f"{tmp_path}:{tmp_path}", images.haproxy_image(docker)]  # fmt: skip
+    with started([*run, "haproxy", "-db", "-f", str(config)], PORT, tmp_path / "log"):
+        try:
+            yield
+        finally:
+            docker.container.remove(name, force=True)  # and so `docker run` ends
 
 
 def send(path: str, body: dict[str, Any] | None, key: str = KEY) -> tuple[int, Any, dict[str, str]]:
@@ -274,12 +296,14 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     assert len(found) == 10 and 99 not in found.values(), found
 
 
-def stream(body: dict[str, Any]) -> list[str]:
-    """A streamed chat completion with alice's key: its events' data, once it has ended."""
+def stream(body: dict[str, Any], wait: float = 0) -> list[str]:
+    """A streamed chat completion with alice's key: its events' data, once it has ended; its
+    answer read `wait` seconds after its headers came."""
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
     request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request, timeout=30) as r:
+        time.sleep(wait)
         answer = r.read().decode()
     assert answer.startswith("data: ") and answer.endswith("\n\n"), answer
     return [event.removeprefix("data: ") for event in answer.split("\n\n")[:-1]]
@@ -320,6 +344,36 @@ def test_without_metrics_a_stream_reaches_vllm_as_the_client_sent_it(door: None)
     said = json.loads(events[0])["said"]
     assert said["sent"] == {"model": "tiny", "stream": True} and events[1:] == ["[DONE]"]
     assert said["length"] == len(json.dumps(body))
+
+
+@pytest.mark.engine
+def test_on_haproxy_3_a_stream_the_model_server_broke_off_ends_with_openais_error_and_done(
+    door_3: None,
+) -> None:
+    """The model server closes in the middle of a stream: the client gets an error event in
+    OpenAI's shape, then [DONE], and a whole end to the answer (HAProxy 2.6 cuts it: the metrics
+    test above). A whole stream, and one larger than the door's
+    buffer read slowly (the door can then take no more for a while, as after a close), pass on
+    as they came."""
+    server = upstream(UPSTREAMS[0])
+    try:
+        broken = stream({"model": "tiny", "stream": True, "cut": True})
+        whole = stream(streamed(None))
+        slow = stream({**streamed(None), "events": LONG}, wait=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert json.loads(broken[0])["said"] and broken[2] == "[DONE]", broken
+    assert broken[1] == doorusage.CUT.split("\n\n")[0].removeprefix("data: ")
+    assert json.loads(broken[1])["error"]["code"] == "bad_gateway"
+    assert len(whole) == 2 and json.loads(whole[0])["said"] and whole[1] == "[DONE]", whole
+    assert len(slow) == 2 + LONG and slow[-1] == "[DONE]"
+    assert all("error" not in event for event in slow)
+
+
+LONG = (
+    8 * frontdoor.BUFSIZE // 1024
+)  # events of 1 KiB: more than the door's and the sockets' buffers
 
 
 def test_a_request_is_held_until_its_backend_answers(door: None) -> None:

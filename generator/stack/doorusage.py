@@ -1,7 +1,8 @@
-"""The tokens of a streamed answer, for the front door's log line (and so for the counts per key):
-a Lua filter in the door's HAProxy that reads the `usage` of the stream's last event.
+"""The door's Lua filter of streamed answers (text/event-stream), in its HAProxy: it reads the
+tokens from the `usage` of the stream's last event, for the door's log line (and so for the counts
+per key), and it ends a stream the model server broke off with an error event in OpenAI's shape.
 
-vLLM, like OpenAI, sends that usage only when the request asked for it
+The tokens: vLLM, like OpenAI, sends that usage only when the request asked for it
 (`"stream_options": {"include_usage": true}`, which the door notes as `txn.stream_usage`). With
 `metrics` on, the door asks for it itself when a streamed chat or text completion says nothing of
 `stream_options` (its rules set `txn.ask_usage`): the filter puts the question first in the
@@ -9,12 +10,21 @@ request's JSON, and takes vLLM's usage event (the one with no choices) out of th
 client gets the stream it asked for and the tokens are counted all the same. A stream whose
 request said `stream_options` without asking carries no count; its line says `tokens=-/-`.
 
+The end: when the model server closes in the middle of a stream (the head's vLLM killed), the
+client gets CUT, an error event and `[DONE]`, and the answer ends as a whole one does, instead of
+a connection closed mid-answer. HAProxy 3.0 and later call the filter once more after the
+server's close (the request's side is then done and the answer can take no more); HAProxy 2.6
+does not, and there such a stream is still cut. Either way the log line says `SD`, a server abort
+in the data phase, which mtail counts as cut (doorcounts.py).
+
 Whole events go on as they come; a part of one waits for its end (vLLM writes each event whole),
 or goes on past 64 KiB. HAProxy's own `json_query` reads the usage. An error in the filter is
 logged as a warning and the rest of the answer passes on as it came.
 """
 
 from __future__ import annotations
+
+import json
 
 CONFIG = "front-door-stream-usage"  # its Compose config
 FILE = "/etc/vllm-compose/front-door/stream-usage.lua"
@@ -27,9 +37,13 @@ PROMPT = "txn.prompt"
 GENERATED = "txn.generated"
 USAGE = {PROMPT: "prompt_tokens", GENERATED: "completion_tokens"}  # variable -> usage's field
 QUESTION = '"stream_options":{"include_usage":true},'  # put after the request's first `{`
+BROKE_OFF = {"message": "The model server broke off this answer; send the request again.",
+             "type": "server_error", "param": None, "code": "bad_gateway"}  # fmt: skip
+CUT = f"data: {json.dumps({'error': BROKE_OFF})}\n\ndata: [DONE]\n\n"  # ends a stream broken off
 
 SCRIPT = f"""\
--- vllm-compose's front door: a streamed answer's tokens, from the `usage` of its last event.
+-- vllm-compose's front door, on a streamed answer: the tokens of its last event's `usage`, and a
+-- clean end when the model server breaks it off.
 local Usage = {{id = "stream usage", flags = filter.FLT_CFG_FL_HTX}}
 Usage.__index = Usage
 
@@ -43,18 +57,25 @@ local function said(txn, name)
   return value == 1 or value == true
 end
 
--- The door's rules have run: it asks for the usage when they say so.
+-- The door's rules have run: it asks for the usage when they say so. Every streamed answer is
+-- read, its usage only when there is one to read.
 function Usage:http_headers(txn, msg)
-  if not msg.channel:is_resp() and said(txn, "{ASK}") then
+  if msg.channel:is_resp() then
+    local kind = txn.f:res_hdr("content-type") or ""
+    if kind:find("text/event-stream", 1, true) then
+      self.reading = self.asking or said(txn, "{ASKED}")
+      filter.register_data_filter(self, msg.channel)
+    end
+  elseif said(txn, "{ASK}") then
     self.asking = true
     filter.register_data_filter(self, msg.channel)
   end
 end
 
--- Only the answers of streams with a usage to read.
-function Usage:start_analyze(txn, chn)
-  if chn:is_resp() and (self.asking or said(txn, "{ASKED}")) then
-    filter.register_data_filter(self, chn)
+-- The request's side is done: from now on an answer that can take no more was broken off.
+function Usage:end_analyze(txn, chn)
+  if not chn:is_resp() then
+    self.requested = true
   end
 end
 
@@ -70,28 +91,48 @@ local function ask(self, _, msg)
   msg:forward(msg:input())
 end
 
--- Server-sent events end with a blank line: whole ones go on, a part of one waits for the rest.
+-- Server-sent events end with a blank line. Whole ones go on as they come. A part of one goes on
+-- too, and is kept here to be read whole with its rest (up to 64 KiB), but where the door asked
+-- for the usage: it waits in the buffer for its rest, so that the usage event can be taken out
+-- whole. (Only there: a filter that holds a part back stalls HAProxy 3.0's answer when the
+-- server sent it as one chunk larger than the buffer; vLLM sends each event as a chunk.)
 local function answer(self, txn, msg)
-  local data, removed, upto = msg:body() or "", 0, 0
-  for first, event, after in data:gmatch("()data: ([^\\n]*)\\n\\n()") do
-    if event:find('"usage"', 1, true) then
+  local tail = self.tail or ""
+  local text, removed, last = tail .. (msg:body() or ""), 0, 1
+  for first, event, after in text:gmatch("()data: ([^\\n]*)\\n\\n()") do
+    if self.reading and event:find('"usage"', 1, true) then
       local prompt = txn.c:json_query(event, "$.usage.{USAGE[PROMPT]}")
       local generated = txn.c:json_query(event, "$.usage.{USAGE[GENERATED]}")
       if prompt and generated then
         txn:set_var("{PROMPT}", prompt)
         txn:set_var("{GENERATED}", generated)
-        if self.asking and event:find('"choices":%s*%[%s*%]') then
-          msg:remove(first - 1 - removed, after - first)  -- the client did not ask for it
+        if self.asking and first > #tail and event:find('"choices":%s*%[%s*%]') then
+          msg:remove(first - 1 - #tail - removed, after - first)  -- the client did not ask
           removed = removed + after - first
         end
       end
     end
-    upto = after - 1 - removed
+    last = after
   end
-  if msg:eom() or msg:input() - upto > 65536 then
+  local upto, held = msg:input(), self.asking and last > #tail and #text - last < 65536
+  self.tail = ""
+  if last <= #text and held then
+    upto = last - 1 - #tail - removed  -- the part stays in the buffer, read again with its rest
+  elseif last <= #text then
+    self.tail = text:sub(last, last + 65535)
+  end
+  -- The model server closed in the middle of the answer (the request's side is done and the
+  -- answer can take no more): a part held is dropped, and the answer ends with an error event
+  -- and [DONE], as a whole one ends (after a blank line, to end a part that went on).
+  if self.requested and not msg:eom() and not msg.channel:may_recv() then
+    if msg:input() > upto then
+      msg:remove(upto, msg:input() - upto)
+    end
+    msg:append((self.tail == "" and "" or "\\n\\n") .. [==[{CUT}]==])
+    msg:set_eom()
     upto = msg:input()
   end
-  msg:forward(upto)
+  msg:forward(msg:eom() and msg:input() or upto)
 end
 
 function Usage:http_payload(txn, msg)

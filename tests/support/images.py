@@ -16,6 +16,7 @@ from python_on_whales import DockerClient
 
 CACHE = Path("/var/cache/vllm-compose-test")
 DEBIAN = "vllm-compose-test/debian:bookworm"
+BASE_PACKAGES = "python3,ca-certificates,iproute2,curl,procps"  # beside minbase's
 # Ray with its dashboard extra, as `pip install 'ray[default]'`: its metrics agent (and so
 # `ray start --metrics-export-port`) needs it. vLLM's own dependency is Ray without it.
 RAY = "vllm-compose-test/ray:2.58.0-default"
@@ -46,13 +47,11 @@ EXPORTERS = {
     MTAIL: ("mtail", "mtail", "/mtail"),  # where the maintainer's image has it
 }
 
-# HAProxy from Debian's package (2.6) where the official image has it in PATH: the front door's.
-HAPROXY = "vllm-compose-test/haproxy:debian-2.6"
-HAPROXY_DOCKERFILE = f"""\
-FROM {DEBIAN}
-RUN apt-get update && apt-get install -y --no-install-recommends haproxy \\
-    && rm -rf /var/lib/apt/lists/*
-"""
+# The front door's: HAProxy from Debian 13's package (3.0), on a minimal Debian 13, where the
+# official image (front_door.image's default, haproxy:3.2) has it in PATH. 3.0, not Debian 12's
+# 2.6 (the host's, in tests/test_frontdoor.py): from 3.0 on the door ends a stream the model
+# server broke off with an error event (generator/stack/doorusage.py).
+HAPROXY = "vllm-compose-test/haproxy:debian-3.0"
 
 # Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
 # The __main__ guard matters: vLLM starts its engine with multiprocessing's spawn.
@@ -92,26 +91,28 @@ COPY bin/ /usr/local/bin/
 """
 
 
-def _rootfs() -> Path:
-    rootfs = CACHE / "rootfs-bookworm"
-    if not (rootfs / "usr/bin/python3").exists():
-        partial = CACHE / "rootfs-bookworm.partial"
+def _rootfs(suite: str = "bookworm", packages: str = BASE_PACKAGES) -> Path:
+    """A minimal Debian `suite` with `packages`, made once by debootstrap into CACHE."""
+    rootfs = CACHE / f"rootfs-{suite}"
+    if not (rootfs / "var/lib/dpkg/status").exists():
+        partial = CACHE / f"rootfs-{suite}.partial"
         subprocess.run(["rm", "-rf", str(partial)], check=True)
         partial.parent.mkdir(parents=True, exist_ok=True)
-        print(f"debootstrap: a minimal Debian with Python into {partial} (about a minute)")
+        print(f"debootstrap: a minimal Debian {suite} with {packages} into {partial} (a minute)")
         subprocess.run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=python3,ca-certificates,iproute2,curl,procps",
-                "bookworm",
-                str(partial),
-            ],
+            ["debootstrap", "--variant=minbase", f"--include={packages}", suite, str(partial)],
             check=True,
             stdout=subprocess.DEVNULL,
         )
         partial.rename(rootfs)
     return rootfs
+
+
+def _imported(docker: DockerClient, rootfs: Path, tag: str) -> None:
+    """`rootfs` as the image `tag` (docker import)."""
+    docker_cmd = [*docker.client_config.docker_cmd, "import", "-", tag]
+    with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+        subprocess.run(docker_cmd, stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL)
 
 
 def _pip_target(
@@ -141,11 +142,7 @@ def _ray_site() -> Path:
 
 def debian_base(docker: DockerClient) -> str:
     if not docker.image.exists(DEBIAN):
-        docker_cmd = [*docker.client_config.docker_cmd, "import", "-", DEBIAN]
-        with subprocess.Popen(
-            ["tar", "-C", str(_rootfs()), "-c", "."], stdout=subprocess.PIPE
-        ) as tar:
-            subprocess.run(docker_cmd, stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL)
+        _imported(docker, _rootfs(), DEBIAN)
     return DEBIAN
 
 
@@ -239,11 +236,8 @@ def metrics_image(docker: DockerClient, tag: str) -> str:
 
 
 def haproxy_image(docker: DockerClient) -> str:
-    debian_base(docker)
     if not docker.image.exists(HAPROXY):
-        with tempfile.TemporaryDirectory() as context:
-            (Path(context) / "Dockerfile").write_text(HAPROXY_DOCKERFILE)
-            docker.legacy_build(context, tags=[HAPROXY])
+        _imported(docker, _rootfs("trixie", "haproxy"), HAPROXY)
     return HAPROXY
 
 
