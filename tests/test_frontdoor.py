@@ -147,10 +147,11 @@ def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def door_3(tmp_path: Path) -> Iterator[None]:
-    """The same door run by HAProxy 3.0 (Debian 13's: the testbed's door image) on the host's
-    network, its files where they are here."""
+    """The same door, with `metrics` (its lines to a port nobody reads), run by HAProxy 3.0
+    (Debian 13's: the testbed's door image) on the host's network, its files where they are
+    here."""
     docker = DockerClient()
-    config = rendered(tmp_path, 3, frontdoor.Limits(0, 0))
+    config = rendered(tmp_path, 3, frontdoor.Limits(0, 0), COUNTS_LOG)
     name = f"vllm-compose-test-door-{PORT}"
     run = [*docker.client_config.docker_cmd, "run", "--rm", "--name", name, "--network", "host",
            "-v", f"{tmp_path}:{tmp_path}", images.haproxy_image(docker)]  # fmt: skip
@@ -359,14 +360,15 @@ def test_on_haproxy_3_a_stream_the_model_server_broke_off_ends_with_openais_erro
     try:
         broken = stream({"model": "tiny", "stream": True, "cut": True})
         whole = stream(streamed(None))
-        slow = stream({**streamed(None), "events": LONG}, wait=2)
+        slow = stream({**streamed(False), "events": LONG}, wait=2)
     finally:
         server.shutdown()
         server.server_close()
     assert json.loads(broken[0])["said"] and broken[2] == "[DONE]", broken
     assert broken[1] == doorusage.CUT.split("\n\n")[0].removeprefix("data: ")
     assert json.loads(broken[1])["error"]["code"] == "bad_gateway"
-    assert len(whole) == 2 and json.loads(whole[0])["said"] and whole[1] == "[DONE]", whole
+    assert len(whole) == 2 and whole[1] == "[DONE]", whole  # its usage event taken out
+    assert json.loads(whole[0])["said"]["sent"]["stream_options"] == {"include_usage": True}
     assert len(slow) == 2 + LONG and slow[-1] == "[DONE]"
     assert all("error" not in event for event in slow)
 

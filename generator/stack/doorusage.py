@@ -57,6 +57,15 @@ local function said(txn, name)
   return value == 1 or value == true
 end
 
+-- The question lengthens the request's body: it is sent chunked. The door's rules set its
+-- headers so, which is what HAProxy 2.6 sends it by; 3.0 sends it by the message's own state,
+-- which only set_body_len changes (2.6 has none): without it 3.0 sends no body at all.
+local function chunked(msg)
+  if msg.set_body_len then
+    msg:set_body_len("chunked")
+  end
+end
+
 -- The door's rules have run: it asks for the usage when they say so. Every streamed answer is
 -- read, its usage only when there is one to read.
 function Usage:http_headers(txn, msg)
@@ -68,6 +77,7 @@ function Usage:http_headers(txn, msg)
     end
   elseif said(txn, "{ASK}") then
     self.asking = true
+    chunked(msg)
     filter.register_data_filter(self, msg.channel)
   end
 end
