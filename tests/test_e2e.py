@@ -21,6 +21,7 @@ import pytest
 from matplotlib import image
 from python_on_whales import DockerClient, DockerException
 
+from generator.stack import doorusage
 from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
 from tests.support.load import Load
@@ -167,8 +168,9 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
 
 
 def cut_at_the_door(bed: Testbed, key: str) -> None:
-    """The head's vLLM killed in the middle of a stream: the answer is cut (HAProxy cannot add to
-    an answer under way: README) and the door counts it as cut, under the key's name."""
+    """The head's vLLM killed in the middle of a stream: the door (HAProxy 3.0) ends the answer
+    with an error event in OpenAI's shape and [DONE], and counts it as cut, under the key's
+    name."""
     head, worker = bed.nodes[:2]
     request = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}],
                "max_tokens": 200, "ignore_eos": True, "stream": True}  # fmt: skip
@@ -183,7 +185,9 @@ def cut_at_the_door(bed: Testbed, key: str) -> None:
         assert streaming.stdout.readline().startswith("data: ")  # under way
         head.docker.container.kill(serve)
         rest, _ = streaming.communicate(timeout=60)
-    assert streaming.returncode == 18 and "[DONE]" not in rest, rest  # curl: ended before its end
+    assert streaming.returncode == 0 and rest.endswith("data: [DONE]\n\n"), rest  # a whole end
+    ended = [e for e in rest.split("\n\n") if e.startswith("data: {")][-1].removeprefix("data: ")
+    assert json.loads(ended) == {"error": doorusage.BROKE_OFF}, rest
     assert clusters.promql(worker, 'front_door_answers_cut_total{key="admin"} >= 1', 1)
 
 

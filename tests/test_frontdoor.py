@@ -1,6 +1,7 @@
-"""The front door's HAProxy configuration, run by the real HAProxy (Debian's) on loopback in front
+"""The front door's HAProxy configuration, run by the real HAProxy on loopback (Debian 12's, 2.6,
+the oldest it is written for; one test runs Debian 13's, 3.0, from the door's test image) in front
 of plain HTTP servers that say who reached them: our configuration's logic alone (keys, limits,
-routing by model, holding); real vLLM behind it is in the testbed tests."""
+routing by model, holding, streams' ends); real vLLM behind it is in the testbed tests."""
 
 from __future__ import annotations
 

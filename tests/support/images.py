@@ -51,7 +51,8 @@ EXPORTERS = {
 # official image (front_door.image's default, haproxy:3.2) has it in PATH. 3.0, not Debian 12's
 # 2.6 (the host's, in tests/test_frontdoor.py): from 3.0 on the door ends a stream the model
 # server broke off with an error event (generator/stack/doorusage.py).
-HAPROXY = "vllm-compose-test/haproxy:debian-3.0"
+# With procps: the end-to-end tests look for secrets in every container's processes (`ps`).
+HAPROXY = "vllm-compose-test/haproxy:debian-3.0-procps"
 
 # Console scripts: pip --target leaves shebangs naming the host's Python; these use the image's.
 # The __main__ guard matters: vLLM starts its engine with multiprocessing's spawn.
@@ -93,9 +94,10 @@ COPY bin/ /usr/local/bin/
 
 def _rootfs(suite: str = "bookworm", packages: str = BASE_PACKAGES) -> Path:
     """A minimal Debian `suite` with `packages`, made once by debootstrap into CACHE."""
-    rootfs = CACHE / f"rootfs-{suite}"
+    name = suite if packages == BASE_PACKAGES else f"{suite}-{packages.replace(',', '-')}"
+    rootfs = CACHE / f"rootfs-{name}"
     if not (rootfs / "var/lib/dpkg/status").exists():
-        partial = CACHE / f"rootfs-{suite}.partial"
+        partial = CACHE / f"rootfs-{name}.partial"
         subprocess.run(["rm", "-rf", str(partial)], check=True)
         partial.parent.mkdir(parents=True, exist_ok=True)
         print(f"debootstrap: a minimal Debian {suite} with {packages} into {partial} (a minute)")
@@ -237,7 +239,7 @@ def metrics_image(docker: DockerClient, tag: str) -> str:
 
 def haproxy_image(docker: DockerClient) -> str:
     if not docker.image.exists(HAPROXY):
-        _imported(docker, _rootfs("trixie", "haproxy"), HAPROXY)
+        _imported(docker, _rootfs("trixie", "haproxy,procps"), HAPROXY)
     return HAPROXY
 
 
