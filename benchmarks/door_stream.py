@@ -10,11 +10,13 @@ completion chunks shaped as vLLM's, one event a millisecond on each stream, as a
 tokens (so the door reads each event on its own, as it does in front of a model; each event's
 text is when it was sent, which benchmarks.door_latency reads); it measures
 the door alone, not a model. Each round sends STREAMS streams at once, of EVENTS events each, in
-three ways: a stream that asks for no usage (the filter stays out of it), one that asks for its
-usage (the filter reads every event for the last one's usage: `bench` and most agents' clients
-ask), and, with `metrics` on, one that does not ask (the door asks in its stead and takes the
-usage's event out again). Printed: the door's CPU time a streamed event (its processes' own
-count, from /proc), the median over the rounds, and what the filter adds.
+four ways: for reference, a stream through the door with its filter taken out of the
+configuration; a stream that asks for no usage (the filter passes each event on and keeps the
+part of one under way, to end the stream cleanly if the model server breaks it off); one that
+asks for its usage (the filter also reads every event for the last one's usage: `bench` and most
+agents' clients ask); and, with `metrics` on, one that does not ask (the door asks in its stead
+and takes the usage's event out again). Printed: the door's CPU time a streamed event (its
+processes' own count, from /proc), the median over the rounds, and what the filter adds.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded; the haproxy processes it starts it ends,
 by their IDs.
@@ -46,10 +48,12 @@ CHUNK = {  # one token's event, as vLLM sends it
 }
 USAGE = {"prompt_tokens": 256, "completion_tokens": EVENTS, "total_tokens": 256 + EVENTS}
 Options = dict[str, bool] | None  # a request's stream_options
-WAYS: dict[str, tuple[bool, Options]] = {  # name -> (metrics on, the request's stream_options)
-    "asks for no usage": (False, None),
-    "asks for its usage": (False, {"include_usage": True}),
-    "metrics: the door asks": (True, None),
+# name -> (the filter in, metrics on, the request's stream_options)
+WAYS: dict[str, tuple[bool, bool, Options]] = {
+    "no filter (reference)": (False, False, None),
+    "asks for no usage": (True, False, None),
+    "asks for its usage": (True, False, {"include_usage": True}),
+    "metrics: the door asks": (True, True, None),
 }
 
 
@@ -131,13 +135,14 @@ def _parent(proc: Path) -> int | None:
         return None
 
 
-async def per_event(
-    haproxy: str, upstream: int, metrics: bool, options: dict[str, bool] | None
-) -> float:
+async def per_event(haproxy: str, upstream: int, way: tuple[bool, bool, Options]) -> float:
     """The door's CPU a streamed event, in µs, over STREAMS streams at once."""
+    filtered, metrics, options = way
     route = frontdoor.Route(MODEL, upstream)
     port, counts = free_port(), free_port() if metrics else None  # mtail's: none listens (UDP)
     text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0), counts)
+    if not filtered:
+        text = "\n".join(line for line in text.splitlines() if "filter lua." not in line)
     with tempfile.TemporaryDirectory(prefix="door-stream-") as tmp:
         cfg = runnable(Path(tmp), text, {frontdoor.ADMIN: KEY}, [route])
         with running(haproxy, cfg, port) as pid:
@@ -159,8 +164,8 @@ async def rounds(haproxy: str, count: int) -> dict[str, list[float]]:
     found: dict[str, list[float]] = {name: [] for name in WAYS}
     for number in range(1, count + 1):
         print(f"round {number} of {count}", flush=True)
-        for name, (metrics, options) in WAYS.items():
-            found[name].append(await per_event(haproxy, upstream, metrics, options))
+        for name, way in WAYS.items():
+            found[name].append(await per_event(haproxy, upstream, way))
     server.close()
     return found
 
@@ -168,7 +173,7 @@ async def rounds(haproxy: str, count: int) -> dict[str, list[float]]:
 def main() -> None:
     haproxy, count = arguments("door_stream", __doc__.splitlines()[0])
     found = asyncio.run(rounds(haproxy, count))
-    first = next(iter(WAYS))  # the stream the filter stays out of
+    first = next(iter(WAYS))  # the door without its filter
     plain = statistics.median(found[first])
     print(f"\nthe door's CPU a streamed event, {STREAMS} streams of {EVENTS} events at once"
           f" (median of {count} rounds):")  # fmt: skip
