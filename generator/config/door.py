@@ -15,7 +15,11 @@ class FrontDoor(Strict):
         description="Clients reach vLLM through the front door, on `vllm.port`; vLLM itself "
         "listens on the head's loopback only. Off: vLLM answers on `vllm.port` itself.",
     )
-    image: str = sections.image("haproxy:3.2", "HAProxy image the front door runs (2.6 or later).")
+    image: str = sections.image(
+        "haproxy:3.2",
+        "HAProxy image the front door runs (2.6 or later; from 3.0 on it ends a stream the model"
+        " server broke off with an error event).",
+    )
     hold: int = seconds(
         120,
         0,
