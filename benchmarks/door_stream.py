@@ -142,7 +142,7 @@ async def per_event(haproxy: str, upstream: int, way: tuple[bool, bool, Options]
     port, counts = free_port(), free_port() if metrics else None  # mtail's: none listens (UDP)
     text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0), counts)
     if not filtered:
-        text = "\n".join(line for line in text.splitlines() if "filter lua." not in line)
+        text = "".join(line for line in text.splitlines(True) if "filter lua." not in line)
     with tempfile.TemporaryDirectory(prefix="door-stream-") as tmp:
         cfg = runnable(Path(tmp), text, {frontdoor.ADMIN: KEY}, [route])
         with running(haproxy, cfg, port) as pid:

@@ -359,7 +359,8 @@ def test_on_haproxy_3_a_stream_the_model_server_broke_off_ends_with_openais_erro
     as they came."""
     server = upstream(UPSTREAMS[0])
     try:
-        broken = stream({"model": "tiny", "stream": True, "cut": True})
+        broken = stream({"model": "tiny", "stream": True, "cut": True})  # the door asks its usage
+        passed = stream({**streamed(False), "cut": True})  # no usage to read
         whole = stream(streamed(None))
         slow = stream({**streamed(False), "events": LONG}, wait=2)
     finally:
@@ -368,6 +369,7 @@ def test_on_haproxy_3_a_stream_the_model_server_broke_off_ends_with_openais_erro
     assert json.loads(broken[0])["said"] and broken[2] == "[DONE]", broken
     assert broken[1] == doorusage.CUT.split("\n\n")[0].removeprefix("data: ")
     assert json.loads(broken[1])["error"]["code"] == "bad_gateway"
+    assert passed[1:] == broken[1:], passed
     assert len(whole) == 2 and whole[1] == "[DONE]", whole  # its usage event taken out
     assert json.loads(whole[0])["said"]["sent"]["stream_options"] == {"include_usage": True}
     assert len(slow) == 2 + LONG and slow[-1] == "[DONE]"

@@ -101,16 +101,13 @@ local function ask(self, _, msg)
   msg:forward(msg:input())
 end
 
--- Server-sent events end with a blank line. Whole ones go on as they come. A part of one goes on
--- too, and is kept here to be read whole with its rest (up to 64 KiB), but where the door asked
--- for the usage: it waits in the buffer for its rest, so that the usage event can be taken out
--- whole. (Only there: a filter that holds a part back stalls HAProxy 3.0's answer when the
--- server sent it as one chunk larger than the buffer; vLLM sends each event as a chunk.)
-local function answer(self, txn, msg)
-  local tail = self.tail or ""
-  local text, removed, last = tail .. (msg:body() or ""), 0, 1
+-- The usage, read from the whole events in `text` (the part of one kept from before, `tail`, then
+-- the answer's input), and its event taken out when the door asked for it and it came whole.
+-- Returns where the last whole event ends in `text`, and how many bytes were taken out.
+local function read_usage(self, txn, msg, text, tail)
+  local removed, last = 0, 1
   for first, event, after in text:gmatch("()data: ([^\\n]*)\\n\\n()") do
-    if self.reading and event:find('"usage"', 1, true) then
+    if event:find('"usage"', 1, true) then
       local prompt = txn.c:json_query(event, "$.usage.{USAGE[PROMPT]}")
       local generated = txn.c:json_query(event, "$.usage.{USAGE[GENERATED]}")
       if prompt and generated then
@@ -124,25 +121,65 @@ local function answer(self, txn, msg)
     end
     last = after
   end
-  local upto, held = msg:input(), self.asking and last > #tail and #text - last < 65536
+  return last, removed
+end
+
+-- The model server closed in the middle of the answer (the request's side is done and the
+-- answer can take no more): a part held from `upto` on is dropped, and the answer ends with an
+-- error event and [DONE], as a whole one ends (after a blank line, to end a part that went on).
+-- Returns whether it did.
+local function ended(self, msg, upto, under_way)
+  if not (self.requested and not msg:eom() and not msg.channel:may_recv()) then
+    return false
+  end
+  if msg:input() > upto then
+    msg:remove(upto, msg:input() - upto)
+  end
+  msg:append((under_way and "\\n\\n" or "") .. [==[{CUT}]==])
+  msg:set_eom()
+  msg:forward(msg:input())
+  return true
+end
+
+-- A stream with no usage to read goes on as it comes; only whether a part of an event went on
+-- last is noted, for a clean end.
+local function pass(self, msg)
+  local input = msg:input()
+  if input > 0 then
+    self.under_way = msg:body(input - 2, 2) ~= "\\n\\n"
+  end
+  if not ended(self, msg, input, self.under_way) then
+    msg:forward(input)
+  end
+end
+
+-- A stream with a usage to read: whole events go on as they come. A part of one goes on too,
+-- and is kept here to be read whole with its rest (up to 64 KiB), but where the door asked for
+-- the usage: it waits in the buffer for its rest, so that the usage event can be taken out
+-- whole. (Only there: a filter that holds a part back stalls HAProxy 3.0's answer when the
+-- server sent it as one chunk larger than the buffer; vLLM sends each event as a chunk.)
+local function read(self, txn, msg)
+  local tail = self.tail or ""
+  local text = tail .. (msg:body() or "")
+  local last, removed = read_usage(self, txn, msg, text, tail)
+  local upto, under_way = msg:input(), last <= #text
   self.tail = ""
-  if last <= #text and held then
-    upto = last - 1 - #tail - removed  -- the part stays in the buffer, read again with its rest
-  elseif last <= #text then
+  if under_way and self.asking and last > #tail and #text - last < 65536 then
+    upto, under_way = last - 1 - #tail - removed, false  -- read again with its rest
+  elseif under_way then
     self.tail = text:sub(last, last + 65535)
   end
-  -- The model server closed in the middle of the answer (the request's side is done and the
-  -- answer can take no more): a part held is dropped, and the answer ends with an error event
-  -- and [DONE], as a whole one ends (after a blank line, to end a part that went on).
-  if self.requested and not msg:eom() and not msg.channel:may_recv() then
-    if msg:input() > upto then
-      msg:remove(upto, msg:input() - upto)
-    end
-    msg:append((self.tail == "" and "" or "\\n\\n") .. [==[{CUT}]==])
-    msg:set_eom()
-    upto = msg:input()
+  if not ended(self, msg, upto, under_way) then
+    msg:forward(msg:eom() and msg:input() or upto)
   end
-  msg:forward(msg:eom() and msg:input() or upto)
+end
+
+local function answer(self, txn, msg)
+  if self.reading then
+    read(self, txn, msg)
+  else
+    pass(self, msg)
+  end
 end
 
 function Usage:http_payload(txn, msg)
