@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from generator.stack import frontdoor
+from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
 AT_ONCE = 16
@@ -93,13 +93,13 @@ async def median_arrival(stand_in: StandIn, port: int) -> float:
 
 def configuration(folder: Path, port: int, upstream: int, variant: tuple[str, str]) -> Path:
     """The door's haproxy.cfg as the tool renders it, the variant's change made, runnable here."""
-    route = frontdoor.Route("m", upstream)
+    route = doorfiles.Route("m", upstream)
     text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0))
     old, new = variant
     if old not in text:
         raise SystemExit(f"door_arrivals: {old!r} is no longer in the door's configuration")
     changed = text.replace(old, new) if old else text
-    return runnable(folder, changed, {frontdoor.ADMIN: KEY}, [route])
+    return runnable(folder, changed, {doorfiles.ADMIN: KEY}, [route])
 
 
 @contextlib.contextmanager

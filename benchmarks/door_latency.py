@@ -35,7 +35,7 @@ from pathlib import Path
 
 from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
 from benchmarks.door_stream import KEY, MODEL, asked
-from generator.stack import frontdoor
+from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
 AT_ONCE = (1, 8)  # streams at once
@@ -104,12 +104,12 @@ async def measured(haproxy: str, count: int) -> dict[str, Delays]:
 
 
 async def _measured(haproxy: str, count: int, upstream: int) -> dict[str, Delays]:
-    route = frontdoor.Route(MODEL, upstream)
+    route = doorfiles.Route(MODEL, upstream)
     port = free_port()
     text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0))
     found: dict[str, Delays] = {"free": {}, "busy": {}}
     with tempfile.TemporaryDirectory(prefix="door-latency-") as tmp:
-        cfg = runnable(Path(tmp), text, {frontdoor.ADMIN: KEY}, [route])
+        cfg = runnable(Path(tmp), text, {doorfiles.ADMIN: KEY}, [route])
         with running(haproxy, cfg, port):
             await delays(port)  # the first: its start, not counted
             for number in range(1, count + 1):

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.door_arrivals import arguments, free_port, running
-from generator.stack import frontdoor
+from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
 STREAMS, EVENTS, GAP = 8, 300, 0.001  # streams at once, events each, seconds between events
@@ -138,13 +138,13 @@ def _parent(proc: Path) -> int | None:
 async def per_event(haproxy: str, upstream: int, way: tuple[bool, bool, Options]) -> float:
     """The door's CPU a streamed event, in µs, over STREAMS streams at once."""
     filtered, metrics, options = way
-    route = frontdoor.Route(MODEL, upstream)
+    route = doorfiles.Route(MODEL, upstream)
     port, counts = free_port(), free_port() if metrics else None  # mtail's: none listens (UDP)
     text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0), counts)
     if not filtered:
         text = "".join(line for line in text.splitlines(True) if "filter lua." not in line)
     with tempfile.TemporaryDirectory(prefix="door-stream-") as tmp:
-        cfg = runnable(Path(tmp), text, {frontdoor.ADMIN: KEY}, [route])
+        cfg = runnable(Path(tmp), text, {doorfiles.ADMIN: KEY}, [route])
         with running(haproxy, cfg, port) as pid:
             await stream(port, options)  # the first: its start, not counted
             before = cpu_ns(pid)

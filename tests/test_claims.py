@@ -84,16 +84,17 @@ def test_the_same_api_port_is_named_with_the_other_cluster() -> None:
     assert "ray.port 6379 is taken by cluster 'one' (ray.port)" in found
 
 
-def test_a_model_another_front_door_on_the_head_routes_to_is_named() -> None:
+def test_a_model_another_front_door_on_the_nodes_routes_to_is_named() -> None:
     door = claim_of(cluster("one", 8000), "front-door")
     assert (door.model, door.front_door) == ("/models/m", True)
     assert door.route == ("/models/m", 8400)
-    found = claims.clashes(cluster("two", 8001, memory=0.1), "a", [door], 2**33)
-    assert found == [
-        "model '/models/m' is served by cluster 'one' behind this node's front doors, which"
-        " route by it: set vllm.served_model_name"
-    ]
-    assert claims.clashes(cluster("two", 8001, memory=0.1), "b", [door], 2**33) == []  # not head
+    assert door.door == ("10.0.0.1", 8000)  # its endpoint: where another node's door asks it
+    said = (
+        "model '/models/m' is served by cluster 'one' behind its front door here, and the doors"
+        " on these nodes route by it: set vllm.served_model_name"
+    )
+    for node in ("a", "b"):  # on our head or on our worker: the doors route to each other
+        assert claims.clashes(cluster("two", 8001, memory=0.1), node, [door], 2**33) == [said]
     two = cluster("two", 8001, memory=0.1)
     named = two.model_copy(update={"vllm": two.vllm.model_copy(update={"served_model_name": "t"})})
     assert claims.clashes(named, "a", [door], 2**33) == []
@@ -182,25 +183,24 @@ def test_one_look_at_the_nodes_splits_into_the_other_clusters_and_the_nodes_wher
     assert where == {"a"}  # b holds a cluster of our name from another file: not ours
 
 
-def test_a_cluster_whose_front_door_is_not_on_our_head_is_said_once_where_its_door_is() -> None:
+def test_a_cluster_whose_front_door_is_on_none_of_our_nodes_is_said_once() -> None:
     ours, other = cluster("one", 8000), cluster("two", 8001)
     no_door = config.parse(
         BASE.format(name="three", port=8002, backend="ray", memory=0.1)
         + "front_door: {enabled: false}\n"
     )
     door, serve = claim_of(other, "front-door"), claim_of(other)
-    # Its door on our worker (its head there): said there, not on the head where its serve is.
-    said = claims.apart(ours, {"a": [serve], "b": [door, claim_of(no_door)]})
+    # Its door on a node that is not ours: said at the first node it is seen on, once.
+    said = claims.apart(ours, {"a": [serve, claim_of(no_door)], "b": [serve]})
     assert said == {
-        "b": [
-            "'two' has its front door here, not on a with this one's: neither routes to the other's"
-            " model (routes between doors on different nodes are not built)"
+        "a": [
+            "'two' has its front door on a node this cluster is not on: neither routes to the"
+            " other's model (add that node to this cluster's, or run its door here)"
         ]
     }
-    # Its door on a node that is not ours: said at the first node it is seen on, once.
-    assert list(claims.apart(ours, {"a": [serve], "b": [serve]})) == ["a"]
-    assert "front door on another node" in claims.apart(ours, {"a": [serve], "b": [serve]})["a"][0]
-    # Its door beside ours on our head: both doors route to both models; nothing to say.
+    # Its door on our worker (its head there) or beside ours on our head: the doors on our
+    # nodes route to each other; nothing to say.
+    assert claims.apart(ours, {"a": [serve], "b": [door]}) == {}
     assert claims.apart(ours, {"a": [door], "b": [serve]}) == {}
     # A cluster with no door, or ours without one: no route either way, nothing said.
     assert claims.apart(ours, {"b": [claim_of(no_door)]}) == {}

@@ -21,7 +21,7 @@ import pytest
 from matplotlib import image
 from python_on_whales import DockerClient, DockerException
 
-from generator.stack import doorusage
+from generator.stack import doorfiles, doorusage
 from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
 from tests.support.load import Load
@@ -158,6 +158,8 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
 
     keys_at_the_door(bed, path)
     assert secret_seen_in(key, tmp, [head, worker], "native") == []
+    door_key = doorfiles.peer_key(key.encode())  # the door's key at other doors: not shown either
+    assert secret_seen_in(door_key, tmp, [head, worker], "native", "front-door-peer-key") == []
     # The field failure, on the same group: a dead worker leaves the head up and serving nothing.
     watched_recovery(bed, path, "native", "serve")
     cut_at_the_door(bed, key)
@@ -476,15 +478,18 @@ def _secret_copy(path: Path) -> bool:
     return True
 
 
-def secret_seen_in(secret: str, folder: Path, nodes: list[Node], project: str) -> list[str]:
+def secret_seen_in(
+    secret: str, folder: Path, nodes: list[Node], project: str, kept: str = "api-key"
+) -> list[str]:
     """Every place the secret must never be, that holds it: the files written beside the config
-    (but the key file itself and the node folders' secrets/ copies), `docker inspect` and the logs
-    of the project's containers, and the command lines of every process in them."""
+    (but its own file there, PROJECT.`kept`, and the node folders' secrets/ copies), `docker
+    inspect` and the logs of the project's containers, and the command lines of every process in
+    them."""
     found = [
         str(p)
         for p in folder.rglob("*")
         if p.is_file()
-        and p.name != f"{project}.api-key"
+        and p.name != f"{project}.{kept}"
         and not _secret_copy(p)
         and secret.encode() in p.read_bytes()
     ]

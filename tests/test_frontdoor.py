@@ -16,22 +16,22 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from python_on_whales import DockerClient
 
-from generator.stack import doorcounts, doorusage, frontdoor
+from generator.stack import doorcounts, doorfiles, doorusage, frontdoor
 from tests.support import images
 from tests.support.door import runnable
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
 ROUTES = [
-    frontdoor.Route("tiny", UPSTREAMS[0]),  # the door's own cluster's
-    frontdoor.Route("other", UPSTREAMS[1]),  # another cluster's on the node
+    doorfiles.Route("tiny", UPSTREAMS[0]),  # the door's own cluster's
+    doorfiles.Route("other", UPSTREAMS[1]),  # another cluster's on the node
 ]
 KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
@@ -115,7 +115,7 @@ def upstream(port: int) -> http.server.ThreadingHTTPServer:
 def rendered(folder: Path, hold: int, limits: frontdoor.Limits, counts: int | None = None) -> Path:
     """The configuration, runnable here from `folder`."""
     text = frontdoor.config(PORT, hold, ROUTES[0], limits, counts)
-    keys = {"alice": KEY, frontdoor.ADMIN: ADMIN_KEY}
+    keys = {"alice": KEY, doorfiles.ADMIN: ADMIN_KEY}
     return runnable(folder, text, keys, ROUTES)
 
 
@@ -417,6 +417,7 @@ def test_the_doors_own_errors_are_openais_shape_not_haproxys_html(door: None) ->
     try:
         status, said, _ = chat("other")  # tried again (empty answers), then HAProxy's 502
     finally:
+        closing.shutdown(socket.SHUT_RDWR)  # wakes its accept, which holds the port otherwise
         closing.close()
     assert status == 502 and said["error"]["code"] == "bad_gateway", said
 
@@ -472,3 +473,91 @@ def test_a_model_name_with_a_space_or_a_host_flag_is_refused_behind_the_door() -
         base + "front_door: {enabled: false}\nvllm: {served_model_name: a b}\n", "c.yaml"
     )
     assert opened.served_model_name == "a b"
+
+
+FAR_DOOR, HOLD = 31112, 3  # another node's door (on 127.0.0.2 of this loopback): cluster b's
+DOOR_KEYS = {"a": "door-key-of-a", "b": "door-key-of-b"}  # as doorfiles.peer_key makes them
+
+
+@pytest.fixture
+def doors(tmp_path: Path) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
+    """Cluster a's door (PORT: alice's key; its model `tiny` here) and a way to start cluster
+    b's, on another node (FAR_DOOR: bob's key alone; its model `far` there): each routes to the
+    other's model at the other's door, and lets the other's door in by its key."""
+    own, far = doorfiles.Route("tiny", UPSTREAMS[0]), doorfiles.Route("far", UPSTREAMS[1])
+    configs = {}
+    for name, port, mine, theirs, key in [
+        ("a", PORT, own, doorfiles.Route("far", FAR_DOOR, "127.0.0.2"), KEY),
+        ("b", FAR_DOOR, far, doorfiles.Route("tiny", PORT, "127.0.0.3"), "sk-bob"),
+    ]:
+        folder = tmp_path / name
+        folder.mkdir()
+        text = frontdoor.config(port, HOLD, mine, frontdoor.Limits(2, 0))
+        user = "alice" if name == "a" else "bob"
+        configs[name] = runnable(folder, text, {user: key, doorfiles.ADMIN: f"admin-{name}"},
+                                 [mine, theirs], DOOR_KEYS, DOOR_KEYS[name])  # fmt: skip
+
+    def far_door() -> contextlib.AbstractContextManager[None]:
+        return started([HAPROXY, "-db", "-f", str(configs["b"])], FAR_DOOR, tmp_path / "b.log")
+
+    with started([HAPROXY, "-db", "-f", str(configs["a"])], PORT, tmp_path / "a.log"):
+        yield far_door
+
+
+def test_a_model_behind_a_door_on_another_node_is_reached_through_this_one_with_its_key(
+    doors: Callable[[], contextlib.AbstractContextManager[None]], tmp_path: Path
+) -> None:
+    servers = [upstream(port) for port in UPSTREAMS]
+    try:
+        with doors():
+            status, said, _ = chat("far")  # alice's key, at a's door: b's model, at b's door
+            assert status == 200 and said["port"] == UPSTREAMS[1], said
+            assert said["authorization"] is None  # no key reaches vLLM, a door's neither
+            assert send("/v1/models", None)[1]["data"][0]["id"] == "far"
+            # b's door lets in a's door, not alice: her key is a's alone.
+            request = {"model": "far", "messages": []}
+            direct = urllib.request.Request(
+                f"http://127.0.0.1:{FAR_DOOR}/v1/chat/completions", json.dumps(request).encode(),
+                {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            )  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(direct, timeout=10)
+            assert refused.value.code == 401
+            refused.value.close()
+            # Past alice's 2 requests a minute at a's door; b's has no limit for a door: the
+            # limits are the door's that the client asks, once.
+            assert chat("far")[0] == 429
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    lines = (tmp_path / "b.log").read_text().splitlines()
+    assert lines[0].endswith('key="door:a" model="far" tokens=7/3'), lines
+    assert all(DOOR_KEYS["a"] not in line and KEY not in line for line in lines), lines
+
+
+def test_a_door_on_another_node_that_is_starting_again_is_waited_for_and_its_503_is_final(
+    doors: Callable[[], contextlib.AbstractContextManager[None]],
+) -> None:
+    # b's door down: a's holds the request, a second apart, and b's answers once it is back.
+    servers = [upstream(UPSTREAMS[1])]
+    with contextlib.ExitStack() as later:
+        threading.Timer(1.5, lambda: later.enter_context(doors())).start()
+        start = time.monotonic()
+        try:
+            status, said, _ = chat("far")
+            assert status == 200 and said["port"] == UPSTREAMS[1], said
+            assert time.monotonic() - start >= 1.5
+            gone = servers.pop()
+            gone.shutdown()
+            gone.server_close()
+            # b's vLLM gone: b's door holds the request its hold long, then says 503; a's
+            # passes that on, not sending it again for another hold.
+            start = time.monotonic()
+            status, said, headers = send("/v1/chat/completions", {"model": "far"}, "admin-a")
+            assert status == 503 and headers["retry-after"] == str(frontdoor.RETRY_AFTER)
+            assert HOLD <= time.monotonic() - start < 2 * HOLD
+        finally:
+            for server in servers:
+                server.shutdown()
+                server.server_close()

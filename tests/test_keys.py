@@ -11,7 +11,7 @@ import pytest
 from generator.base.errors import OptionError
 from generator.config import load
 from generator.nodes import keys, secrets
-from generator.stack import frontdoor
+from generator.stack import doorfiles
 
 
 def test_a_key_is_shown_once_and_kept_only_as_its_hash(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_the_front_doors_map_holds_the_admin_key_and_each_users_by_hash(tmp_path
     found = secrets.local(config, load(config))
     text = found.files["front_door_keys"].read_text()
     admin = (tmp_path / "c.api-key").read_text()
-    assert text == frontdoor.keys_map(
+    assert text == doorfiles.keys_map(
         {"admin": hashlib.sha256(admin.encode()).hexdigest(), "bob": keys.hashes(config)["bob"]}
     )
     assert key not in text and admin not in text

@@ -86,6 +86,8 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
     given = {"api_key": "K-123", "ray_token": "T-456", "front_door_keys": keys}
     given["front_door_routes"] = "/models/m 8400\n"  # made beside the config (nodes/secrets.py)
     given["front_door_models"] = '{"object": "list", "data": []}\n'
+    given["front_door_peer_key"] = "door D-789\n"  # its key at the other doors
+    given["front_door_peers"] = "0e1f hash-of-D-789 door:sample\n"
     files = render.render(cluster, "sample.yaml", given)
     secret = {rel: f for rel, f in files.items() if f.secret}
     assert sorted(secret) == [
@@ -93,6 +95,8 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
         "spark-1/secrets/api-key",
         "spark-1/secrets/front-door-keys",  # the head's front door
         "spark-1/secrets/front-door-models.json",
+        "spark-1/secrets/front-door-peer-key",
+        "spark-1/secrets/front-door-peers",
         "spark-1/secrets/front-door-routes",
         "spark-1/secrets/ray-token",
         "spark-2/secrets/.gitignore",
@@ -102,7 +106,7 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
     assert files["spark-1/secrets/api-key"].text == "K-123"
     assert files["spark-1/secrets/.gitignore"].text.splitlines()[-1] == "*"
     public = [f.text for f in files.values() if not f.secret]
-    assert not [t for t in public if "K-123" in t or "T-456" in t]
+    assert not [t for t in public if "K-123" in t or "T-456" in t or "D-789" in t]
     head = yaml.safe_load(files["spark-1/compose.yaml"].text)
     assert head["secrets"] == {
         "api_key": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/api-key"},
@@ -110,12 +114,14 @@ def test_each_node_folder_carries_the_secrets_its_stack_uses_and_nowhere_else() 
         "front_door_keys": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-keys"},
         "front_door_routes": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-routes"},
         "front_door_models": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-models.json"},
+        "front_door_peer_key": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-peer-key"},
+        "front_door_peers": {"file": "${VLLM_COMPOSE_SECRETS:-./secrets}/front-door-peers"},
     }
 
 
 @pytest.mark.parametrize("name", ["sample", "native", "four-node-pp"])
 def test_only_the_front_door_mounts_its_files(name: str) -> None:
-    """Its keys' map, routes and model list are the door's alone: serve (head or worker) mounts
+    """Its keys' map, routes, model list, door key and peers are the door's alone: serve (head or worker) mounts
     none, so the worker's folder does not need them and a change to them restarts nothing."""
     cluster = config.load(CASES / f"{name}.yaml")
     files = render.render(cluster, f"{name}.yaml", {"api_key": "K-123", "ray_token": "T-456"})
@@ -127,7 +133,8 @@ def test_only_the_front_door_mounts_its_files(name: str) -> None:
         for secret in spec.get("secrets", [])
         if secret.startswith("front_door")
     }
-    door = {"front_door_keys", "front_door_routes", "front_door_models"}
+    door = {"front_door_keys", "front_door_routes", "front_door_models", "front_door_peer_key"}
+    door.add("front_door_peers")
     assert mounted == {("front-door", secret) for secret in door}
 
 

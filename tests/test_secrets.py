@@ -3,6 +3,7 @@ that carries them onto a node."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import tarfile
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from generator import config
 from generator.base.errors import SecretFileError, VllmComposeError
 from generator.nodes import secrets
+from generator.stack import doorfiles
 from tests.test_config import BASE
 
 
@@ -38,7 +40,8 @@ def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritt
 def test_native_backend_needs_no_ray_token(tmp_path: Path) -> None:
     found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
     assert set(found.files) == {
-        "api_key", "front_door_keys", "front_door_routes", "front_door_models"
+        "api_key", "front_door_keys", "front_door_routes", "front_door_models",
+        "front_door_peer_key", "front_door_peers",
     }  # fmt: skip
 
 
@@ -70,8 +73,17 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
         "front_door_keys": tmp_path / "c.front-door-keys",  # made from the API key
         "front_door_routes": tmp_path / "c.front-door-routes",  # its own model's, to begin
         "front_door_models": tmp_path / "c.front-door-models.json",
+        "front_door_peer_key": tmp_path / "c.front-door-peer-key",  # made from the API key too
+        "front_door_peers": tmp_path / "c.front-door-peers",  # its own door's, to begin
     }
     assert (tmp_path / "c.front-door-routes").read_text() == "/models/m 8400\n"
+    # Its key at the other doors shows nothing of the API key; they hold its hash alone.
+    door_key = doorfiles.peer_key(b"k" * 40)
+    assert (tmp_path / "c.front-door-peer-key").read_text() == f"door {door_key}\n"
+    assert "k" * 40 not in door_key and len(door_key) == 64
+    own = (tmp_path / "c.front-door-peers").read_text()
+    assert own == f"{hashlib.sha256(door_key.encode()).hexdigest()} door:c\n"
+    assert doorfiles.read_peers(own + "a line of another shape\n") == {"c": own.split()[0]}
     assert found.generated == {}
 
 

@@ -1,6 +1,6 @@
-"""Two real vLLM clusters on the same two emulated nodes, both over Ray: one TP=2 across both
-nodes, one TP=1 on the first node alone, each with its own Ray cluster, ports and API key, and
-each model answered through either front door on their head by its name. A
+"""Two real vLLM clusters on the same two emulated nodes, both over Ray and TP=2 across both,
+their heads on different nodes, each with its own Ray cluster, ports and API key, and each model
+answered through either front door by its name (the other's door reached across the nodes). A
 third config on a taken port and a fourth that would overflow the nodes' memory are refused by
 preflight naming the others, a copy of a config that kept its cluster's name can neither start
 nor remove it (running or stopped), and nothing of the two changes; `watch` of one recreates that
@@ -109,11 +109,11 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     bed, tmp = pair
     one, two = bed.nodes[:2]
     big = config(tmp, "big", [one, two], 30000)  # TP=2 over both nodes: slot 0
-    small = config(tmp, "small", [one], None, served="small")  # TP=1, no port named
+    small = config(tmp, "small", [two, one], None, served="small")  # its head: two; no port named
     for path in (big, small):
         up = cli("up", path, cwd=tmp)
         assert up.returncode == 0, up.stderr
-    # big holds slot 0 on spark1: small takes slot 1, and keeps it while it runs.
+    # big holds slot 0 on both nodes: small takes slot 1, and keeps it while it runs.
     assert "ports: API port 8001 (slot 1): the slots below are taken by 'big'" in up.stderr, (
         up.stderr
     )
@@ -129,22 +129,23 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
         thread.start()
     try:
         for _ in range(3):
-            assert chat(two, one, 8001, small, "small")["usage"]["completion_tokens"] == 4
+            assert chat(one, two, 8001, small, "small")["usage"]["completion_tokens"] == 4
             assert chat(two, one, 30000, big)["usage"]["completion_tokens"] == 4
-            # One port, every model on the node: each door answers the other's by its name.
+            # One port, every model on the nodes: each door answers the other's by its name,
+            # at the other's door on the other node.
             assert chat(two, one, 30000, big, "small")["usage"]["completion_tokens"] == 4
-            assert chat(two, one, 8001, small)["usage"]["completion_tokens"] == 4
+            assert chat(one, two, 8001, small)["usage"]["completion_tokens"] == 4
     finally:
         stop.set()
         for thread in loaders:
             thread.join(timeout=150)
     assert done, "the load on the big cluster completed nothing"
-    assert models(two, one, 30000, big) == models(two, one, 8001, small) == sorted([MODEL, "small"])
+    assert models(two, one, 30000, big) == models(one, two, 8001, small) == sorted([MODEL, "small"])
 
     # Two Ray clusters: each head's GCS (6379 for slot 0, 6380 for slot 1) knows its own nodes.
     for project, head, gcs, want in [
         ("big", one, f"{one.ip}:6379", {one.ip: 1, two.ip: 1}),
-        ("small", one, f"{one.ip}:6380", {one.ip: 1}),
+        ("small", two, f"{two.ip}:6380", {one.ip: 1, two.ip: 1}),
     ]:
         ray = clusters.containers(head, project)["ray"]
         nodes = head.docker.container.execute(
@@ -154,8 +155,8 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     seen = listed(big)
     assert sorted(seen) == ["big", "small"]
     assert sorted(seen["big"]["nodes"]) == ["spark1", "spark2"]
-    assert list(seen["small"]["nodes"]) == ["spark1"]
-    assert seen["small"]["endpoint"] == f"http://{one.ip}:8001/v1"
+    assert sorted(seen["small"]["nodes"]) == ["spark1", "spark2"]
+    assert seen["small"]["endpoint"] == f"http://{two.ip}:8001/v1"
     assert seen["small"]["front_door"] and seen["big"]["front_door"]  # each its own, on its head
     for name in ("big", "small"):  # serve's health check may not have run yet: "starting"
         health = seen[name]["health"]
@@ -167,15 +168,15 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     watcher = Background("watch", small, "--interval", "2", "--backoff", "1", cwd=tmp)
     try:
         watcher.wait_for("watch: ok", 120)
-        one.docker.container.kill(clusters.containers(one, "small")["ray"])
+        two.docker.container.kill(clusters.containers(two, "small")["ray"])
         # Its serve shares the Ray container's process namespace and exits with it.
         # Its exit may be named in the same signs as the kill, or come just after them.
-        watcher.wait_for("watch: recovery 1/5 now: starting spark1's ray", 60)
+        watcher.wait_for("watch: recovery 1/5 now: starting spark2's ray", 60)
         watcher.wait_for("watch: healed by watch (started again) and the supervisors in", 600)
     finally:
         watcher.interrupt()
     assert ids([one, two], "big") == untouched
-    assert chat(two, one, 8001, small, "small")["usage"]["completion_tokens"] == 4
+    assert chat(one, two, 8001, small, "small")["usage"]["completion_tokens"] == 4
 
     # A third on the big one's API port, a fourth over the nodes' memory: refused, nothing moves.
     before = ids([one, two], "big", "small")
@@ -193,12 +194,11 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     for command in ("up", "down"):
         refused = cli(command, copy, cwd=tmp)
         assert refused.returncode != 0
-        said = "node 'spark1': the name 'small' is taken by the cluster started from small.yaml"
-        said += ", not copy.yaml"
+        said = "the name 'small' is taken by the cluster started from small.yaml, not copy.yaml"
         assert said in refused.stderr, refused.stderr
     # Stopped, small is still not the copy's to remove (nor to start over).
-    stopped = clusters.containers(one, "small").values()
-    one.docker.container.stop(list(stopped), time=5)
+    for node in (one, two):
+        node.docker.container.stop(list(clusters.containers(node, "small").values()), time=5)
     refused = cli("down", copy, cwd=tmp)
     assert refused.returncode != 0 and said in refused.stderr, refused.stderr
     assert ids([one, two], "big", "small") == before
@@ -208,7 +208,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     # `down` of one leaves the other serving, its containers as they were, and its door forgets
     # the model that left.
     assert cli("down", small, cwd=tmp).returncode == 0
-    assert clusters.leftovers(one, "small") == []
+    assert clusters.leftovers(one, "small") == clusters.leftovers(two, "small") == []
     assert chat(two, one, 30000, big)["usage"]["completion_tokens"] == 4
     assert models(two, one, 30000, big) == [MODEL]
     gone = chat(two, one, 30000, big, "small")

@@ -15,7 +15,7 @@ from generator.base.fanout import each
 from generator.config import Node
 from generator.nodes import secrets
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
-from generator.stack import SECRET_NAMES, claims, frontdoor, monitoring, secrets_folder
+from generator.stack import SECRET_NAMES, claims, doorfiles, monitoring, secrets_folder
 
 NAME = "front-door"  # its service (stack/frontdoor.py)
 LOG_TAIL = 20  # of its log, in the error when it does not answer
@@ -70,26 +70,68 @@ def _reload(docker: DockerClient, container: Container) -> None:
 
 
 def routed(fleet: Fleet) -> None:
-    """Every front door running on the head's node (every cluster's whose head it is) given the
-    routes to every model behind one there, and reloaded: each door's port serves them all.
+    """Every front door running on the cluster's nodes (every cluster's whose head is one of
+    them) given the routes to every model behind one there, and reloaded: each door's port
+    serves them all. A door on another node is reached at its endpoint with this door's key,
+    which every door there lets in (the peers' map: each door's own line read from its node).
     Run after an `up` started the door and after a `down`; a failure is said, not raised (each
     door still serves its own model)."""
-    docker, node = fleet.docker[fleet.head.name], fleet.head.name
     try:
-        doors = docker.container.list(filters=[("label", f"{claims.PREFIX}service={NAME}")])
-        found = claims.found({node: doors})  # cluster -> its claim
-        routes = [frontdoor.Route(*c.route) for c in found.values() if c.route]
-        files = {n: text.encode() for n, text in frontdoor.route_files(routes).items()}
-        for container in doors:
-            cluster = (container.config.labels or {})[claims.CLUSTER]
-            if found[cluster].route:
-                secrets.write(docker, node, cluster, fleet.wrapper, files)
-                _reload(docker, container)
+        doors = {
+            n.name: fleet.docker[n.name].container.list(filters=[("label", DOOR_LABEL)])
+            for n in fleet.cluster.nodes
+        }
+        found = claims.found(doors)  # cluster -> its claim
+        at = {  # cluster -> its door's node, for each that routes (labels of this version)
+            (c.config.labels or {})[claims.CLUSTER]: node
+            for node, listed in doors.items()
+            for c in listed
+        }
+        at = {cluster: node for cluster, node in at.items() if found[cluster].route}
+        peers = _peers(fleet, at)
+        for node, listed in doors.items():
+            routes = [_route(found[cluster], node == there) for cluster, there in at.items()]
+            files = {n: t.encode() for n, t in doorfiles.route_files(routes, peers).items()}
+            docker = fleet.docker[node]
+            for container in listed:
+                cluster = (container.config.labels or {})[claims.CLUSTER]
+                if cluster in at:
+                    secrets.write(docker, node, cluster, fleet.wrapper, files)
+                    _reload(docker, container)
     except (DockerException, VllmComposeError) as e:  # said: each door keeps its routes
-        fleet.report(f"front door: {node}: the routes were not written: {reason(e)}")
+        fleet.report(f"front door: the routes were not written: {reason(e)}")
         return
-    models = ", ".join(sorted(r.model for r in routes)) or "none"
-    fleet.report(f"front door: {node}: {len(routes)} model(s) behind each door there: {models}")
+    models = ", ".join(sorted(found[c].model for c in at)) or "none"
+    nodes = ", ".join(sorted({at[c] for c in at})) or "none"
+    fleet.report(f"front door: {len(at)} model(s) behind each door on {nodes}: {models}")
+
+
+DOOR_LABEL = f"{claims.PREFIX}service={NAME}"
+
+
+def _route(claim: claims.Claim, here: bool) -> doorfiles.Route:
+    """To a cluster's vLLM on this node's loopback, or to its door on another node."""
+    model, port = claim.route or ("", 0)
+    host, door = claim.door
+    return doorfiles.Route(model, port) if here else doorfiles.Route(model, door, host)
+
+
+def _peers(fleet: Fleet, at: dict[str, str]) -> dict[str, str]:
+    """cluster -> the hash of its door's key, for every door routed: this cluster's from its
+    file beside the config, every other's from the peers' map on its node (its own line there,
+    which its `up` wrote)."""
+    peers = {}
+    for cluster, node in at.items():
+        if cluster == fleet.cluster.name:
+            continue
+        text = secrets.read(fleet.docker[node], node, cluster, fleet.wrapper, "front_door_peers")
+        own = doorfiles.read_peers(text).get(cluster)
+        if own:
+            peers[cluster] = own
+    key = fleet.secret_files.get(secrets.PEER_KEY)
+    if fleet.cluster.name in at and key is not None:
+        peers[fleet.cluster.name] = doorfiles.hashed(key.read_text(encoding="utf-8").split()[-1])
+    return peers
 
 
 def opened(fleet: Fleet, start: Callable[[str, dict[Node, list[str]]], None]) -> None:

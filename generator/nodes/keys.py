@@ -14,7 +14,7 @@ from pathlib import Path
 
 from generator.base import sidefiles
 from generator.base.errors import OptionError, UnsafePath
-from generator.stack.frontdoor import ADMIN
+from generator.stack.doorfiles import ADMIN
 from generator.stack.output import write_atomic
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")

@@ -27,13 +27,14 @@ from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
 from generator.nodes import keys
-from generator.stack import SECRET_NAMES, frontdoor, secret_names, secrets_folder
+from generator.stack import SECRET_NAMES, doorfiles, frontdoor, secret_names, secrets_folder
 from generator.stack.output import write_atomic
 
 DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file, not read from a file
+PEER_KEY = "front_door_peer_key"  # made from the API key
 # Read by their containers each time they are used, so written in place (a bind-mounted file's
 # new inode would stay unseen): behind the front door, none restarts a service.
-IN_PLACE = (*frontdoor.FILES, "api_key")
+IN_PLACE = (*doorfiles.FILES, "api_key")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
     for name in secret_names(cluster):
-        if name in frontdoor.FILES:
+        if name in doorfiles.FILES:
             continue  # made (_door_keys, _door_routes)
         given = named[name]
         path = folder / Path(given).expanduser() if given else folder / _default(config, name)
@@ -87,20 +88,36 @@ def newer(names: list[str], started: datetime, changed: dict[str, float], door: 
 
 def _door_keys(config: Path, found: Local, generate: bool) -> None:
     """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
-    config (mode 0600) when it changed; never a key itself."""
+    config (mode 0600) when it changed; never a key itself. And its key at the other doors on
+    the nodes (doorfiles.peer_key: made from the API key, as its only secret)."""
     key = found.files.get("api_key")
-    text = None
+    text = peer = None
     if key is not None and generate:
-        digest = hashlib.sha256(key.read_bytes().rstrip(b"\n")).hexdigest()
-        text = frontdoor.keys_map(keys.hashes(config) | {frontdoor.ADMIN: digest})
+        api_key = key.read_bytes().rstrip(b"\n")
+        digest = hashlib.sha256(api_key).hexdigest()
+        text = doorfiles.keys_map(keys.hashes(config) | {doorfiles.ADMIN: digest})
+        peer = doorfiles.peer_key_map(doorfiles.peer_key(api_key))
     _made(config, found, DOOR_KEYS, text)
+    _made(config, found, PEER_KEY, peer)
 
 
 def _door_routes(config: Path, cluster: Cluster, found: Local, generate: bool) -> None:
-    """The front door's routes and model list, as they start: its own cluster's model alone
-    (nodes/door.py writes every cluster's on the node once the door runs)."""
-    for name, text in frontdoor.route_files([frontdoor.own(cluster)]).items():
+    """The front door's routes, model list and peers, as they start: its own cluster's model and
+    door alone (nodes/door.py writes every cluster's on the nodes once the door runs)."""
+    own = peer_hash(found)
+    peers = {cluster.name: own} if own else {}
+    for name, text in doorfiles.route_files([frontdoor.own(cluster)], peers).items():
         _made(config, found, name, text if generate else None)
+
+
+def peer_hash(found: Local) -> str | None:
+    """The hash of the door's key at the other doors (its line in their peers' maps), from its
+    file beside the config; None when there is none yet."""
+    path = found.files.get(PEER_KEY)
+    if path is None:
+        return None
+    key = path.read_text(encoding="utf-8").split()[-1]
+    return doorfiles.hashed(key)
 
 
 def _made(config: Path, found: Local, name: str, text: str | None) -> None:
@@ -215,7 +232,7 @@ def push(
     started before it has the old one. The front door's routes and model list only seed the
     node: once there, they are nodes/door.py's (every cluster's on the node, not just ours)."""
     contents = {n: p.read_bytes() for n, p in files.items()}
-    return write(docker, node, cluster, image, contents, keep=frontdoor.ROUTE_FILES)
+    return write(docker, node, cluster, image, contents, keep=doorfiles.ROUTE_FILES)
 
 
 def write(
@@ -256,6 +273,19 @@ def write(
         raise DockerError.wrap(node, f"writing the {', '.join(files)} file failed", e) from None
     stamps = [line.split(":") for line in str(said).split() if line.startswith("changed:")]
     return {name: float(when) for _, name, when in stamps}
+
+
+def read(docker: DockerClient, node: str, cluster: str, image: str, name: str) -> str:
+    """A file of the cluster's on the node that is no secret (a front door's peers' map: hashes
+    and names), read in a short-lived container; empty when there is none."""
+    folder, file = secrets_folder(cluster), SECRET_NAMES[name]
+    reader = ["run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
+    script = f"cat /s/{file} 2>/dev/null || true"
+    try:
+        return str(run([*docker.client_config.docker_cmd, *reader, "-v", f"{folder}:/s:ro", image,
+                        "-c", script]))  # fmt: skip
+    except DockerException as e:
+        raise DockerError.wrap(node, f"reading the {name} file failed", e) from None
 
 
 def _archive(files: dict[str, bytes]) -> bytes:

@@ -12,7 +12,7 @@ from functools import cached_property
 
 from generator.config import MEMORY_MONITOR, PER_NODE_HARDWARE_ENV, Cluster, Node, ports
 from generator.config.mounts import model_mount
-from generator.stack import claims, doorcounts, frontdoor, monitoring, services
+from generator.stack import claims, doorcounts, doorfiles, frontdoor, monitoring, services
 from generator.stack.services import Service
 
 # Secret files, mounted by Compose at /run/secrets/<name> in the services that use them (the API
@@ -28,6 +28,8 @@ SECRET_NAMES = {
     "front_door_keys": "front-door-keys",
     "front_door_routes": "front-door-routes",
     "front_door_models": "front-door-models.json",
+    "front_door_peer_key": "front-door-peer-key",
+    "front_door_peers": "front-door-peers",
 }
 
 
@@ -63,7 +65,7 @@ def secret_names(cluster: Cluster) -> list[str]:
     Ray backend and its token authentication; the HF token when the config names one."""
     names = ["api_key"]
     names += ["ray_token"] if cluster.backend == "ray" and cluster.ray.token_auth else []
-    names += list(frontdoor.FILES) if cluster.front_door.enabled else []
+    names += list(doorfiles.FILES) if cluster.front_door.enabled else []
     return names + (["hf_token"] if cluster.secrets.hf_token_file else [])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from generator.base.containers import described
 from generator.base.errors import DockerError
@@ -81,6 +82,12 @@ class Claim:
         return (self.model, behind.start) if self.model and behind else None
 
     @property
+    def door(self) -> tuple[str, int]:
+        """Its endpoint's host and port: its front door's, where it has one."""
+        parsed = urlsplit(self.endpoint)
+        return parsed.hostname or "", parsed.port or 0
+
+    @property
     def front_door(self) -> bool:
         """Is its endpoint a front door (one of its nodes runs one)?"""
         return any("front-door" in services for services in self.nodes.values())
@@ -146,10 +153,10 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
     found = [f"{name_taken(o)}: a start would replace it" for o in others if o.cluster == c.name]
     others = [o for o in others if o.cluster != c.name]
     found += port_clashes(c, others)
-    if c.front_door.enabled and c.head.name == node:  # `others` as this node's engine sees them
+    if c.front_door.enabled:  # `others` as this node's engine sees them: their doors here
         found += [
-            f"model {o.model!r} is served by cluster '{o.cluster}' behind this node's front doors"
-            ", which route by it: set vllm.served_model_name"
+            f"model {o.model!r} is served by cluster '{o.cluster}' behind its front door here"
+            ", and the doors on these nodes route by it: set vllm.served_model_name"
             for o in others
             if o.front_door and o.model == c.served_model_name
         ]
@@ -170,24 +177,23 @@ def clashes(c: Cluster, node: str, others: list[Claim], shm_bytes: int | None) -
 
 def apart(c: Cluster, others: dict[str, list[Claim]]) -> dict[str, list[str]]:
     """node -> what to say there of the other clusters on the nodes behind a front door that is
-    not on this cluster's head: their models are not behind its door, nor its model behind
-    theirs (a door routes to the vLLMs on its own node alone). Each is said once: where its door
-    is, or the first node it is seen on when its door is on none of these. `others`: node -> the
-    other clusters running there, as that node's engine shows them."""
+    on none of them: this cluster's `up` cannot reach that door, so neither routes to the other's
+    model (the doors on the cluster's nodes route to each other). Each is said once, on the first
+    node it is seen on. `others`: node -> the other clusters running there, as that node's
+    engine shows them."""
     if not c.front_door.enabled:
         return {}
-    beside = {o.cluster for o in others.get(c.head.name, []) if o.front_door}
-    at: dict[str, tuple[str, Claim]] = {}
+    doors = {o.cluster for on in others.values() for o in on if o.front_door}
+    at: dict[str, str] = {}
     for node in (n.name for n in c.nodes):
         for o in others.get(node, []):
-            if o.route and o.cluster not in beside and (o.front_door or o.cluster not in at):
-                at[o.cluster] = (node, o)
+            if o.route and o.cluster not in doors:
+                at.setdefault(o.cluster, node)
     said: dict[str, list[str]] = {}
-    for node, o in at.values():
+    for cluster, node in at.items():
         said.setdefault(node, []).append(
-            f"'{o.cluster}' has its front door {'here' if o.front_door else 'on another node'},"
-            f" not on {c.head.name} with this one's: neither routes to the other's model"
-            " (routes between doors on different nodes are not built)"
+            f"'{cluster}' has its front door on a node this cluster is not on: neither routes to"
+            " the other's model (add that node to this cluster's, or run its door here)"
         )
     return said
 

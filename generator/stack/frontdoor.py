@@ -1,12 +1,16 @@
 """The front door's HAProxy configuration: one port in front of every model served on the nodes.
 
 - Who: a client's bearer key is hashed (SHA-256) and looked up in the keys' map, hash -> name;
-  only hashes are on the node. An unknown key gets 401 in OpenAI's error shape.
+  only hashes are on the node. An unknown key gets 401 in OpenAI's error shape. Another door on
+  the nodes is let in by its door key's hash in the peers' map (hash -> `door:CLUSTER`).
 - Limits: per key name, requests per minute and requests at once (HAProxy's stick table; 429
-  with Retry-After past them). The admin key (the config's API key) has none.
+  with Retry-After past them). The admin key (the config's API key) has none, nor another door
+  (its own limits came first).
 - Where: the request's `model` (its JSON body, buffered whole) picks the vLLM through the
-  routes' map, model -> its loopback port, which holds every cluster on the node behind a front
-  door (each door's port serves them all; nodes/door.py writes it on every `up` and `down`); an
+  routes' map, which holds every cluster behind a front door on the cluster's nodes (each door's
+  port serves them all; nodes/door.py writes it on every `up` and `down`): model -> the loopback
+  port of its vLLM where its door is on this node, or -> HOST:PORT of its door on another node,
+  asked with this door's key (the door there holds the request through its recoveries). An
   unknown model gets OpenAI's 404; `/v1/models` answers from the models' list file. A request
   naming no model goes to the door's own cluster.
 - Held: a request that has had no byte of answer is sent again (L7 retries), one second apart
@@ -28,23 +32,23 @@ from typing import TYPE_CHECKING
 
 from generator.config import ports
 from generator.stack import doorusage
+from generator.stack.doorfiles import ADMIN, FILES, LOCAL, PEER, Route
 from generator.stack.monitoring import Sidecar
 
 if TYPE_CHECKING:
     from generator.config import Cluster
     from generator.stack import NodeStack
 
-ADMIN = "admin"  # the config's API key's name in the keys' map: no limits
 BUFSIZE = 1 << 20  # a request up to 1 MiB is buffered whole: held, sent again and routed
 MAXCONN = 1000
 RETRY_AFTER = 10  # seconds a client is told to wait after a held request's deadline
 # Made, not read from a file of the user's; mounted like secrets, and read again on a reload (the
 # routes and the model list are not secret, but are written on the node the same way).
-ROUTE_FILES = ("front_door_routes", "front_door_models")  # every model on the node (route_files)
-FILES = ("front_door_keys", *ROUTE_FILES)
 KEYS = "/run/secrets/front_door_keys"  # hash -> key name, one per line
-ROUTES = "/run/secrets/front_door_routes"  # model -> its vLLM's loopback port
+ROUTES = "/run/secrets/front_door_routes"  # model -> its vLLM's loopback port, or HOST:PORT
 MODEL_LIST = "/run/secrets/front_door_models"  # what /v1/models answers
+PEER_KEY = "/run/secrets/front_door_peer_key"  # `door KEY`: this door's key at the others
+PEERS = "/run/secrets/front_door_peers"  # hash -> `door:CLUSTER`: every door on the nodes
 LOG_FORMAT = (
     '"%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc'
     ' %sq/%bq %hr %hs %{+Q}r key=%{+Q}[var(txn.key)] model=\\"%[var(txn.model),json(ascii)]\\"'
@@ -53,12 +57,6 @@ LOG_FORMAT = (
 RUNTIME = "/var/run/haproxy.sock"  # the runtime API, inside the container only
 CONFIG_FILE = "/etc/vllm-compose/front-door/haproxy.cfg"
 CONFIG = "front-door-config"  # its Compose config
-
-
-@dataclass(frozen=True)
-class Route:
-    model: str  # the served model name clients send
-    port: int  # where that cluster's vLLM listens on the node's loopback
 
 
 @dataclass(frozen=True)
@@ -147,8 +145,10 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         "    option http-buffer-request",
         f"    filter lua.{doorusage.FILTER}",
         "    stick-table type string len 64 size 10k expire 2m store http_req_rate(1m),conn_cur",
-        "    http-request set-var(txn.key) req.hdr(authorization),word(2,' '),sha2(256),hex,lower,"
-        f"map({KEYS})",
+        "    http-request set-var(txn.hash) req.hdr(authorization),word(2,' '),sha2(256),hex,lower",
+        f"    http-request set-var(txn.key) var(txn.hash),map({KEYS})",
+        f"    http-request set-var(txn.key) var(txn.hash),map({PEERS})"
+        " unless { var(txn.key) -m found }",
         "    http-request return status 401 content-type application/json string"
         f" {UNAUTHORIZED} unless {{ var(txn.key) -m found }}",
         "    http-request track-sc0 var(txn.key)",
@@ -166,7 +166,9 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         f"    http-request set-var({doorusage.ASKED})"
         " req.body,json_query('$.stream_options.include_usage')",
         *(_ask() if counted else []),
-        f"    use_backend models if {{ var(txn.model),map({ROUTES}) -m found }}",
+        f"    http-request set-var(txn.route) var(txn.model),map({ROUTES})",
+        "    use_backend doors if { var(txn.route) -m sub : }",
+        "    use_backend models if { var(txn.route) -m found }",
         "    use_backend unknown if { var(txn.model) -m found }",
         "    default_backend own",  # a request naming no model, as vLLM takes it
     ]
@@ -205,6 +207,7 @@ def _too_many(condition: str, retry_after: int) -> str:
     return (
         f"    http-request return status 429 content-type application/json string {TOO_MANY}"
         f" hdr Retry-After {retry_after} if {{ {condition} }} !{{ var(txn.key) -m str {ADMIN} }}"
+        f" !{{ var(txn.key) -m beg {PEER} }}"
     )
 
 
@@ -215,37 +218,21 @@ def _backends(own: Route) -> list[str]:
         ' \'{"error":{"message":"The model %[var(txn.model),json(utf8s)] does not exist.",'
         '"type":"invalid_request_error","param":"model","code":"model_not_found"}}\'',
         "backend models",  # to the port its model's route names, on the loopback
-        "    http-request set-dst ipv4(127.0.0.1)",
-        f"    http-request set-dst-port var(txn.model),map({ROUTES})",
+        f"    http-request set-dst ipv4({LOCAL})",
+        "    http-request set-dst-port var(txn.route)",
         "    server vllm 0.0.0.0:0",
+        # To the door on another node its model's route names, as a door. That door holds the
+        # request through its cluster's recoveries and says 503 past its hold: only a connection
+        # that fails (that door starting again) is tried again here.
+        "backend doors",
+        "    retry-on conn-failure empty-response",
+        f'    http-request set-header Authorization "Bearer %[str(door),map({PEER_KEY})]"',
+        "    http-request set-dst var(txn.route),field(1,:)",
+        "    http-request set-dst-port var(txn.route),field(2,:)",
+        "    server door 0.0.0.0:0",
         "backend own",
         f"    server vllm 127.0.0.1:{own.port}",
     ]
-
-
-def routes_map(routes: list[Route]) -> str:
-    """model -> port, one per line (HAProxy's map format: the key ends at the first space, so a
-    model name with a space cannot be routed; config rules refuse one)."""
-    return "".join(f"{r.model} {r.port}\n" for r in sorted(routes, key=lambda r: r.model))
-
-
-def model_list(routes: list[Route]) -> str:
-    """/v1/models' answer: every model behind the front door."""
-    data = [
-        {"id": r.model, "object": "model", "owned_by": "vllm"}
-        for r in sorted(routes, key=lambda r: r.model)
-    ]
-    return json.dumps({"object": "list", "data": data}) + "\n"
-
-
-def route_files(routes: list[Route]) -> dict[str, str]:
-    """The routes' map and the model list (ROUTE_FILES), by name."""
-    return dict(zip(ROUTE_FILES, [routes_map(routes), model_list(routes)], strict=True))
-
-
-def keys_map(hashes: dict[str, str]) -> str:
-    """hash -> key name, one per line."""
-    return "".join(f"{digest} {name}\n" for name, digest in sorted(hashes.items()))
 
 
 def own(c: Cluster) -> Route:

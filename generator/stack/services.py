@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from generator.base import probes
 from generator.config import ports
-from generator.stack import frontdoor
+from generator.stack import doorfiles
 
 if TYPE_CHECKING:
     from generator.config import Node
@@ -118,7 +118,7 @@ def _ray_health(test: list[str]) -> Health:
 
 def _serve_secrets(stack: NodeStack) -> list[str]:
     """Every secret but the front door's files (the door alone reads them)."""
-    return [name for name in stack.secrets if name not in frontdoor.FILES]
+    return [name for name in stack.secrets if name not in doorfiles.FILES]
 
 
 def _ray_secrets(stack: NodeStack) -> list[str]:

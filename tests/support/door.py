@@ -7,17 +7,29 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from generator.stack import doorusage, frontdoor
+from generator.stack import doorfiles, doorusage, frontdoor
 
 
-def runnable(folder: Path, text: str, keys: dict[str, str], routes: list[frontdoor.Route]) -> Path:
+def runnable(
+    folder: Path,
+    text: str,
+    keys: dict[str, str],
+    routes: list[doorfiles.Route],
+    peers: dict[str, str] | None = None,
+    peer_key: str = "",
+) -> Path:
     """`text` (a rendered haproxy.cfg) written to `folder`, with its files beside it: `keys`,
-    name -> key (hashed here, as on the node), and `routes`. Returns the configuration's path."""
+    name -> key (hashed here, as on the node), `routes`, `peers` (cluster -> its door's key,
+    hashed here) and the door's own `peer_key`. Returns the configuration's path."""
     hashes = {name: hashlib.sha256(key.encode()).hexdigest() for name, key in keys.items()}
     files = {
-        frontdoor.KEYS: frontdoor.keys_map(hashes),
-        frontdoor.ROUTES: frontdoor.routes_map(routes),
-        frontdoor.MODEL_LIST: frontdoor.model_list(routes),
+        frontdoor.KEYS: doorfiles.keys_map(hashes),
+        frontdoor.ROUTES: doorfiles.routes_map(routes),
+        frontdoor.MODEL_LIST: doorfiles.model_list(routes),
+        frontdoor.PEERS: doorfiles.peers_map(
+            {name: doorfiles.hashed(key) for name, key in (peers or {}).items()}
+        ),
+        frontdoor.PEER_KEY: doorfiles.peer_key_map(peer_key or "no-door-key"),
         frontdoor.RUNTIME: None,  # made by haproxy
         doorusage.FILE: doorusage.SCRIPT,
     }
