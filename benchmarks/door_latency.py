@@ -8,12 +8,14 @@ The stand-in for vLLM is benchmarks.door_stream's (an asyncio server, named as o
 the door, not a model), in a process of its own as vLLM's server is: chat completion chunks
 shaped as vLLM's, one event a millisecond, each event's text the time it was sent. The client
 notes when each event arrives, straight from the stand-in and through HAProxy (the host's,
-Debian's package) running the door's configuration as the tool renders it at its defaults. Every
-request asks for its usage, as `bench` and most agents' clients do (the usage filter reads every
-event). Each round runs both ways at 1 and at 8 streams at once, first with the cores free, then
-with one busy loop per core (at the default priority, as a model's ranks run) for that part alone.
-Printed: the median and the 99th percentile of an event's delay (sent to received), each way, and
-what the door adds.
+Debian's package) running the door's configuration as the tool renders it at its defaults, and
+through two doors: another cluster's door (as on another node: it reaches this one at 127.0.0.2,
+with its door key) in front of this one's, the way a model behind a door on another node is
+reached. Every request asks for its usage, as `bench` and most agents' clients do (the usage
+filter reads every event). Each round runs every way at 1 and at 8 streams at once, first with
+the cores free, then with one busy loop per core (at the default priority, as a model's ranks run)
+for that part alone. Printed: the median and the 99th percentile of an event's delay (sent to
+received), each way, and what the door, or the two, add.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded (door_stream.EVENTS events a stream, 60 s
 a batch, a process BUSY_FOR s at most); the processes it starts it ends, by their IDs.
@@ -39,6 +41,8 @@ from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
 AT_ONCE = (1, 8)  # streams at once
+WAYS = ("direct", "door", "two doors")
+DOOR_KEY = "the-other-doors-key"  # as doorfiles.peer_key makes one
 BUSY_FOR = 600  # seconds a busy loop lives at most, were this benchmark ended before it
 Delays = dict[str, list[float]]  # way -> every event's delay, in µs
 
@@ -98,26 +102,34 @@ def serving() -> Iterator[int]:
 
 
 async def measured(haproxy: str, count: int) -> dict[str, Delays]:
-    """'free' / 'busy' -> 'direct, N' / 'door, N' -> every event's delay, over `count` rounds."""
+    """'free' / 'busy' -> 'WAY, N at once' -> every event's delay, over `count` rounds."""
     with serving() as upstream:
         return await _measured(haproxy, count, upstream)
 
 
 async def _measured(haproxy: str, count: int, upstream: int) -> dict[str, Delays]:
-    route = doorfiles.Route(MODEL, upstream)
-    port = free_port()
-    text = frontdoor.config(port, 120, route, frontdoor.Limits(0, 0))
+    route, none = doorfiles.Route(MODEL, upstream), frontdoor.Limits(0, 0)
+    port, far = free_port(), free_port()
+    hop = doorfiles.Route(MODEL, port, "127.0.0.2")  # the other door's route to this one's
     found: dict[str, Delays] = {"free": {}, "busy": {}}
     with tempfile.TemporaryDirectory(prefix="door-latency-") as tmp:
-        cfg = runnable(Path(tmp), text, {doorfiles.ADMIN: KEY}, [route])
-        with running(haproxy, cfg, port):
-            await delays(port)  # the first: its start, not counted
+        near, other = Path(tmp, "door"), Path(tmp, "other")
+        near.mkdir()
+        other.mkdir()
+        cfg = runnable(near, frontdoor.config(port, 120, route, none), {doorfiles.ADMIN: KEY},
+                       [route], peers={"other": DOOR_KEY})  # fmt: skip
+        far_cfg = runnable(other, frontdoor.config(far, 120, hop, none), {doorfiles.ADMIN: KEY},
+                           [hop], peer_key=DOOR_KEY)  # fmt: skip
+        with running(haproxy, cfg, port), running(haproxy, far_cfg, far):
+            targets = dict(zip(WAYS, (upstream, port, far), strict=True))
+            for target in targets.values():
+                await delays(target)  # the first: its start, not counted
             for number in range(1, count + 1):
                 print(f"round {number} of {count}", flush=True)
                 for cores, kept in (("free", contextlib.nullcontext()), ("busy", busy(_cores()))):
                     with kept:
                         for streams in AT_ONCE:
-                            for way, target in (("direct", upstream), ("door", port)):
+                            for way, target in targets.items():
                                 key = f"{way}, {streams} at once"
                                 found[cores].setdefault(key, []).extend(
                                     await batch(target, streams)
@@ -141,14 +153,15 @@ def main() -> None:
     for cores, ways in found.items():
         print(f"  cores {cores}" + (" (one busy loop each)" if cores == "busy" else ""))
         for streams in AT_ONCE:
-            direct, door = ways[f"direct, {streams} at once"], ways[f"door, {streams} at once"]
-            for way, values in (("direct", direct), ("door", door)):
+            direct = ways[f"direct, {streams} at once"]
+            for way in WAYS:
+                values = ways[f"{way}, {streams} at once"]
                 median, p99 = statistics.median(values), percentile(values, 0.99)
                 extra = ""
-                if way == "door":
+                if way != "direct":
                     added = median - statistics.median(direct), p99 - percentile(direct, 0.99)
                     extra = f"  (median {added[0]:+.0f} us, p99 {added[1]:+.0f} us)"
-                print(f"    {streams} at once, {way:6} median {median:7.0f} us, p99 {p99:7.0f} us"
+                print(f"    {streams} at once, {way:9} median {median:7.0f} us, p99 {p99:7.0f} us"
                       f"{extra}")  # fmt: skip
 
 

@@ -144,7 +144,7 @@ def test_two_ray_clusters_serve_side_by_side_and_a_clash_is_refused_naming_the_o
     # small's door let big's in by its door key (no key of small's was given it), and the other
     # way round; neither logs a key.
     for node, project, door in [(two, "small", "big"), (one, "big", "small")]:
-        log = node.docker.container.logs(clusters.containers(node, project)["front-door"])
+        log = str(node.docker.container.logs(clusters.containers(node, project)["front-door"]))
         assert f'key="door:{door}"' in log, log[-2000:]
         assert clusters.api_key(big) not in log and clusters.api_key(small) not in log
 
