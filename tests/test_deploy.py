@@ -127,29 +127,56 @@ def test_a_front_door_that_cannot_start_fails_up_before_the_model_loads(stack: P
     assert containers(head, "shut") == {}  # rolled back
 
 
-def test_preflight_says_a_cluster_whose_front_door_is_on_another_node_is_not_routed(
+def test_the_doors_on_a_clusters_nodes_route_to_each_other_and_one_beyond_them_is_named(
     stack: Pair,
 ) -> None:
-    """A door routes to the vLLMs on its own node alone: a cluster headed on our worker is not
-    behind our door, nor we behind its door; preflight and `up` say so, on that node."""
+    """A cluster headed on our worker: each door answers the other's model, at the other's door
+    (its vLLM listens on that node's loopback alone). One whose door is on a node we are not on
+    is behind neither door, nor we behind its; preflight and `up` say so, on the node we share,
+    and its `up` keeps what the other doors there knew of ours."""
     bed, tmp = stack
-    head, worker = bed.nodes[:2]
+    head, worker, third = bed.nodes[:3]
     shared = "gpu_memory_utilization: 0.1"
-    vllm = f"{{port: 30001, served_model_name: away, {shared}}}"
-    away = clusters.write_config(tmp / "away.yaml", "away", [worker], images.STANDIN, vllm=vllm)
-    up = cli("up", away, cwd=tmp)
-    assert up.returncode == 0, up.stderr
-    ours = clusters.write_config(
-        tmp / "ours.yaml", "ours", [head, worker], images.STANDIN, vllm=f"{{port: 30000, {shared}}}"
-    )
+
+    def config(name: str, nodes: list[Node], port: int, served: str = "") -> Path:
+        named = f"served_model_name: {served}, " if served else ""
+        vllm = f"{{port: {port}, {named}{shared}}}"
+        return clusters.write_config(tmp / f"{name}.yaml", name, nodes, images.STANDIN, vllm=vllm)
+
+    away = config("away", [worker], 30001, "away")
+    assert cli("up", away, cwd=tmp).returncode == 0
+    ours = config("ours", [head, worker], 30000)
     checked = cli("preflight", ours, cwd=tmp)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    said = [line for line in checked.stdout.splitlines() if "'away' has its front door" in line]
-    assert len(said) == 1 and "spark2" in said[0], checked.stdout
-    assert "'away' has its front door here, not on spark1 with this one's" in said[0]
+    assert "has its front door" not in checked.stdout, checked.stdout
     up = cli("up", ours, cwd=tmp)
     assert up.returncode == 0, up.stderr
-    assert "front door: spark2: 'away' has its front door here, not on spark1" in up.stderr
+    assert "front door: 2 model(s) behind the doors on spark1, spark2: " in up.stderr, up.stderr
+    model = completion_from(head, f"http://{head.ip}:30000/v1/completions", ours)["model"]
+    assert model != "away"
+    assert answered_by(head, 30000, ours, "away") == "away"  # at away's door, on spark2
+    assert answered_by(worker, 30001, away, model) == model  # at ours's, on spark1
+
+    far = config("far", [third, worker], 30002, "far")  # its door on spark3
+    assert cli("up", far, cwd=tmp).returncode == 0
+    checked = cli("preflight", ours, cwd=tmp)
+    said = [line for line in checked.stdout.splitlines() if "'far' has its front door" in line]
+    assert len(said) == 1 and "spark2" in said[0], checked.stdout
+    assert "on a node this cluster is not on: neither routes to the other's model" in said[0]
+    assert answered_by(head, 30000, ours, "far") == "model_not_found"
+    # far's `up` routed away's door to far, and kept away's route to ours.
+    assert answered_by(worker, 30001, away, "far") == "far"
+    assert answered_by(worker, 30001, away, model) == model
+
+
+def answered_by(node: Node, port: int, config: Path, model: str) -> str:
+    """The model that answered a completion asked for `model` at the door on `port` of `node`
+    (from inside it, with the config's key); the error's code when none did."""
+    auth = f"Authorization: Bearer {clusters.api_key(config)}"
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1})
+    url = f"http://{node.ip}:{port}/v1/completions"
+    answer = json.loads(node.nsexec("curl", "-s", "-m", "30", url, "-H", auth, "-d", body).stdout)
+    return str(answer.get("model") or answer["error"]["code"])
 
 
 def test_four_nodes_tp2_pp2_each_named_its_own_way_up_twice_changes_nothing_down_leaves_nothing(

@@ -12,6 +12,7 @@ import pytest
 from generator.base.errors import DockerError, PhaseError
 from generator.nodes import door
 from generator.nodes.fleet import Fleet
+from generator.stack import doorfiles
 
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"
 REFUSED = DockerError("spark-1", "models failed: <urlopen error [Errno 111] Connection refused>")
@@ -87,3 +88,32 @@ def test_a_door_without_this_model_in_its_list_fails_the_phase() -> None:
     fleet = FakeFleet(other, other, other)
     with pytest.raises(PhaseError, match=r"it lists \['/models/other'\]"):
         door.answers(cast(Fleet, fleet))
+
+
+def test_an_up_rewrites_the_routes_to_the_doors_it_looked_at_and_keeps_what_it_did_not() -> None:
+    """A door on spark2 (10.0.0.2) knew, from another cluster's `up`, of `far`'s door on spark3
+    (10.0.0.3), which this cluster's `up` (spark1 and spark2) cannot look at: kept. Its route to
+    a door on spark1 that is gone, and to its own vLLM, are as this `up` saw them."""
+    had = doorfiles.Known(
+        [
+            doorfiles.Route("away", 8401),  # its own, on its node's loopback
+            doorfiles.Route("far", 30002, "10.0.0.3"),  # learnt from far's `up`
+            doorfiles.Route("old", 30000, "10.0.0.1"),  # a door on spark1, gone since
+        ],
+        {"away": "a" * 64, "far": "f" * 64, "ours": "0" * 64},
+    )
+    text = doorfiles.routes_map(had.routes)
+    assert text == "away 8401\nfar 10.0.0.3:30002\nold 10.0.0.1:30000\n"
+    assert doorfiles.read_routes(text + "a line of another shape\n") == had.routes
+    seen = doorfiles.Known(
+        [doorfiles.Route("away", 8401), doorfiles.Route("ours", 30000, "10.0.0.1")],
+        {"away": "a" * 64, "ours": "1" * 64},  # ours's key changed with its API key
+    )
+    now = doorfiles.merged(had, seen, {"10.0.0.1", "10.0.0.2"}, gone=None)
+    assert [r.model for r in now.routes] == ["away", "far", "ours"]
+    assert now.peers == {"away": "a" * 64, "far": "f" * 64, "ours": "1" * 64}
+    # Ours's `down`: its door is not seen, nor let in any more; far's stays.
+    after = doorfiles.merged(now, doorfiles.Known(seen.routes[:1], {"away": "a" * 64}),
+                             {"10.0.0.1", "10.0.0.2"}, gone="ours")  # fmt: skip
+    assert [r.model for r in after.routes] == ["away", "far"]
+    assert after.peers == {"away": "a" * 64, "far": "f" * 64}

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from python_on_whales import Container, DockerClient, DockerException
+from python_on_whales.utils import run
 
 from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
@@ -74,8 +75,9 @@ def routed(fleet: Fleet) -> None:
     them) given the routes to every model behind one there, and reloaded: each door's port
     serves them all. A door on another node is reached at its endpoint with this door's key,
     which every door there lets in (the peers' map: each door's own line read from its node).
-    Run after an `up` started the door and after a `down`; a failure is said, not raised (each
-    door still serves its own model)."""
+    What a door learnt of doors on other nodes from another cluster's `up` is kept
+    (doorfiles.merged). Run after an `up` started the door and after a `down`; a failure is
+    said, not raised (each door still serves its own model)."""
     try:
         doors = {
             n.name: fleet.docker[n.name].container.list(filters=[("label", DOOR_LABEL)])
@@ -83,30 +85,64 @@ def routed(fleet: Fleet) -> None:
         }
         found = claims.found(doors)  # cluster -> its claim
         at = {  # cluster -> its door's node, for each that routes (labels of this version)
-            (c.config.labels or {})[claims.CLUSTER]: node
+            cluster: node
             for node, listed in doors.items()
-            for c in listed
+            for cluster in (_cluster(c) for c in listed)
+            if found[cluster].route
         }
-        at = {cluster: node for cluster, node in at.items() if found[cluster].route}
-        peers = _peers(fleet, at)
-        for node, listed in doors.items():
-            routes = [_route(found[cluster], node == there) for cluster, there in at.items()]
-            files = {n: t.encode() for n, t in doorfiles.route_files(routes, peers).items()}
+        known = {c: _known(fleet, node, c) for c, node in at.items()}
+        peers = _peers(fleet, at, known)
+        looked_at = {str(n.ip) for n in fleet.cluster.nodes}
+        gone = None if fleet.cluster.name in at else fleet.cluster.name
+        for cluster, node in at.items():
+            routes = [_route(found[other], node == there) for other, there in at.items()]
+            now = doorfiles.merged(known[cluster], doorfiles.Known(routes, peers), looked_at, gone)
+            files = doorfiles.route_files(now.routes, now.peers)
             docker = fleet.docker[node]
-            for container in listed:
-                cluster = (container.config.labels or {})[claims.CLUSTER]
-                if cluster in at:
-                    secrets.write(docker, node, cluster, fleet.wrapper, files)
-                    _reload(docker, container)
+            secrets.write(docker, node, cluster, fleet.wrapper, _encoded(files))
+            _reload(docker, next(c for c in doors[node] if _cluster(c) == cluster))
     except (DockerException, VllmComposeError) as e:  # said: each door keeps its routes
         fleet.report(f"front door: the routes were not written: {reason(e)}")
         return
     models = ", ".join(sorted(found[c].model for c in at)) or "none"
-    nodes = ", ".join(sorted({at[c] for c in at})) or "none"
-    fleet.report(f"front door: {len(at)} model(s) behind each door on {nodes}: {models}")
+    nodes = ", ".join(sorted(set(at.values()))) or "none"
+    fleet.report(f"front door: {len(at)} model(s) behind the doors on {nodes}: {models}")
 
 
 DOOR_LABEL = f"{claims.PREFIX}service={NAME}"
+KNOWN = ["front_door_routes", "front_door_peers"]  # what a door knows of the others, on its node
+
+
+def _cluster(container: Container) -> str:
+    return (container.config.labels or {})[claims.CLUSTER]
+
+
+def _encoded(files: dict[str, str]) -> dict[str, bytes]:
+    return {name: text.encode() for name, text in files.items()}
+
+
+def _known(fleet: Fleet, node: str, cluster: str) -> doorfiles.Known:
+    """The routes and peers a door's folder on its node holds now."""
+    files = _read(fleet.docker[node], node, cluster, fleet.wrapper, KNOWN)
+    routes, peers = (files.get(name, "") for name in KNOWN)
+    return doorfiles.Known(doorfiles.read_routes(routes), doorfiles.read_peers(peers))
+
+
+def _read(
+    docker: DockerClient, node: str, cluster: str, image: str, names: list[str]
+) -> dict[str, str]:
+    """Files of the cluster's on the node that are no secret (a front door's routes and peers'
+    map: models, ports, hashes and names), read in one short-lived container; name -> its text,
+    empty where there is none."""
+    reader = ["run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
+    files = " ".join(SECRET_NAMES[name] for name in names)
+    script = f"for f in {files}; do cat /s/$f 2>/dev/null; printf '\\0'; done"
+    volume = ["-v", f"{secrets_folder(cluster)}:/s:ro"]
+    try:
+        said = str(run([*docker.client_config.docker_cmd, *reader, *volume, image, "-c", script]))
+    except DockerException as e:
+        raise DockerError.wrap(node, f"reading the {', '.join(names)} files failed", e) from None
+    return dict(zip(names, said.split("\0"), strict=False))
 
 
 def _route(claim: claims.Claim, here: bool) -> doorfiles.Route:
@@ -116,18 +152,11 @@ def _route(claim: claims.Claim, here: bool) -> doorfiles.Route:
     return doorfiles.Route(model, port) if here else doorfiles.Route(model, door, host)
 
 
-def _peers(fleet: Fleet, at: dict[str, str]) -> dict[str, str]:
+def _peers(fleet: Fleet, at: dict[str, str], known: dict[str, doorfiles.Known]) -> dict[str, str]:
     """cluster -> the hash of its door's key, for every door routed: this cluster's from its
-    file beside the config, every other's from the peers' map on its node (its own line there,
-    which its `up` wrote)."""
-    peers = {}
-    for cluster, node in at.items():
-        if cluster == fleet.cluster.name:
-            continue
-        text = secrets.read(fleet.docker[node], node, cluster, fleet.wrapper, "front_door_peers")
-        own = doorfiles.read_peers(text).get(cluster)
-        if own:
-            peers[cluster] = own
+    file beside the config, every other's from its own line in its peers' map on its node
+    (which its `up` wrote)."""
+    peers = {c: known[c].peers[c] for c in at if c in known[c].peers}
     key = fleet.secret_files.get(secrets.PEER_KEY)
     if fleet.cluster.name in at and key is not None:
         peers[fleet.cluster.name] = doorfiles.hashed(key.read_text(encoding="utf-8").split()[-1])

@@ -275,19 +275,6 @@ def write(
     return {name: float(when) for _, name, when in stamps}
 
 
-def read(docker: DockerClient, node: str, cluster: str, image: str, name: str) -> str:
-    """A file of the cluster's on the node that is no secret (a front door's peers' map: hashes
-    and names), read in a short-lived container; empty when there is none."""
-    folder, file = secrets_folder(cluster), SECRET_NAMES[name]
-    reader = ["run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "sh"]
-    script = f"cat /s/{file} 2>/dev/null || true"
-    try:
-        return str(run([*docker.client_config.docker_cmd, *reader, "-v", f"{folder}:/s:ro", image,
-                        "-c", script]))  # fmt: skip
-    except DockerException as e:
-        raise DockerError.wrap(node, f"reading the {name} file failed", e) from None
-
-
 def _archive(files: dict[str, bytes]) -> bytes:
     """A tar archive of the files, each of mode 0600 and owned by root."""
     out = io.BytesIO()

@@ -84,3 +84,35 @@ def read_peers(text: str) -> dict[str, str]:
 def keys_map(hashes: dict[str, str]) -> str:
     """hash -> key name, one per line."""
     return "".join(f"{digest} {name}\n" for name, digest in sorted(hashes.items()))
+
+
+def read_routes(text: str) -> list[Route]:
+    """routes_map's lines back (a line of another shape is skipped)."""
+    found = []
+    for line in text.splitlines():
+        model, _, target = line.partition(" ")
+        host, _, port = target.rpartition(":")
+        if port.isdigit():
+            found.append(Route(model, int(port), host or LOCAL))
+    return found
+
+
+@dataclass(frozen=True)
+class Known:
+    """What a door knows of the other doors: its routes and its peers' map (cluster -> hash)."""
+
+    routes: list[Route]
+    peers: dict[str, str]
+
+
+def merged(had: Known, seen: Known, looked_at: set[str], gone: str | None) -> Known:
+    """A door's routes and peers once an `up` or `down` looked at the doors on its cluster's
+    nodes (`looked_at`: their IPs) and `seen` what runs there: every route to those nodes (a
+    loopback port, or a door at one of those IPs) is as seen; a route it had to a door on
+    another node, learnt from another cluster's `up`, is kept. `gone`: the cluster whose `down`
+    this is, let in no more."""
+    models = {r.model for r in seen.routes}
+    away = [r for r in had.routes if r.host != LOCAL and r.host not in looked_at]
+    kept = [r for r in away if r.model not in models]
+    peers = {c: h for c, h in had.peers.items() if c != gone} | seen.peers
+    return Known(sorted([*kept, *seen.routes], key=lambda r: r.model), peers)
