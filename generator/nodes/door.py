@@ -157,9 +157,9 @@ def _peers(fleet: Fleet, at: dict[str, str], known: dict[str, doorfiles.Known]) 
     file beside the config, every other's from its own line in its peers' map on its node
     (which its `up` wrote)."""
     peers = {c: known[c].peers[c] for c in at if c in known[c].peers}
-    key = fleet.secret_files.get(secrets.PEER_KEY)
-    if fleet.cluster.name in at and key is not None:
-        peers[fleet.cluster.name] = doorfiles.hashed(key.read_text(encoding="utf-8").split()[-1])
+    own = secrets.peer_hash(fleet.secret_files)
+    if fleet.cluster.name in at and own:
+        peers[fleet.cluster.name] = own
     return peers
 
 

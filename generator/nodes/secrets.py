@@ -104,16 +104,16 @@ def _door_keys(config: Path, found: Local, generate: bool) -> None:
 def _door_routes(config: Path, cluster: Cluster, found: Local, generate: bool) -> None:
     """The front door's routes, model list and peers, as they start: its own cluster's model and
     door alone (nodes/door.py writes every cluster's on the nodes once the door runs)."""
-    own = peer_hash(found)
+    own = peer_hash(found.files)
     peers = {cluster.name: own} if own else {}
     for name, text in doorfiles.route_files([frontdoor.own(cluster)], peers).items():
         _made(config, found, name, text if generate else None)
 
 
-def peer_hash(found: Local) -> str | None:
+def peer_hash(files: dict[str, Path]) -> str | None:
     """The hash of the door's key at the other doors (its line in their peers' maps), from its
-    file beside the config; None when there is none yet."""
-    path = found.files.get(PEER_KEY)
+    file beside the config (`files`: the secrets found there); None when there is none yet."""
+    path = files.get(PEER_KEY)
     if path is None:
         return None
     key = path.read_text(encoding="utf-8").split()[-1]
