@@ -104,9 +104,16 @@ def routed(fleet: Fleet) -> None:
     except (DockerException, VllmComposeError) as e:  # said: each door keeps its routes
         fleet.report(f"front door: the routes were not written: {reason(e)}")
         return
-    models = ", ".join(sorted(found[c].model for c in at)) or "none"
-    nodes = ", ".join(sorted(set(at.values()))) or "none"
-    fleet.report(f"front door: {len(at)} model(s) behind the doors on {nodes}: {models}")
+    fleet.report(_routed(fleet, found, at))
+
+
+def _routed(fleet: Fleet, found: dict[str, claims.Claim], at: dict[str, str]) -> str:
+    """What `routed` did: the models behind the doors routed, and their nodes."""
+    if not at:
+        return f"front door: none left on {', '.join(n.name for n in fleet.cluster.nodes)}"
+    models = ", ".join(sorted(found[c].model for c in at))
+    nodes = ", ".join(sorted(set(at.values())))
+    return f"front door: {len(at)} model(s) behind the doors on {nodes}: {models}"
 
 
 DOOR_LABEL = f"{claims.PREFIX}service={NAME}"
