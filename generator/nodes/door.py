@@ -84,6 +84,7 @@ def routed(fleet: Fleet) -> None:
             for n in fleet.cluster.nodes
         }
         found = claims.found(doors)  # cluster -> its claim
+        door_of = {_cluster(c): c for listed in doors.values() for c in listed}
         at = {  # cluster -> its door's node, for each that routes (labels of this version)
             cluster: node
             for node, listed in doors.items()
@@ -100,7 +101,7 @@ def routed(fleet: Fleet) -> None:
             files = doorfiles.route_files(now.routes, now.peers)
             docker = fleet.docker[node]
             secrets.write(docker, node, cluster, fleet.wrapper, _encoded(files))
-            _reload(docker, next(c for c in doors[node] if _cluster(c) == cluster))
+            _reload(docker, door_of[cluster])
     except (DockerException, VllmComposeError) as e:  # said: each door keeps its routes
         fleet.report(f"front door: the routes were not written: {reason(e)}")
         return

@@ -4,7 +4,6 @@ API key is the admin key and is no entry here."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import secrets
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from generator.base import sidefiles
 from generator.base.errors import OptionError, UnsafePath
-from generator.stack.doorfiles import ADMIN
+from generator.stack.doorfiles import ADMIN, hashed
 from generator.stack.output import write_atomic
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -58,7 +57,7 @@ def add(config: Path, name: str) -> str:
         )
     key = "sk-" + secrets.token_urlsafe(32)
     made = datetime.now(UTC).isoformat(timespec="seconds")
-    kept[name] = Entry(hashlib.sha256(key.encode()).hexdigest(), made)
+    kept[name] = Entry(hashed(key), made)
     _write(config, kept)
     return key
 

@@ -8,7 +8,6 @@ environment variable or a log line.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import secrets as random_secrets
@@ -94,7 +93,7 @@ def _door_keys(config: Path, found: Local, generate: bool) -> None:
     text = peer = None
     if key is not None and generate:
         api_key = key.read_bytes().rstrip(b"\n")
-        digest = hashlib.sha256(api_key).hexdigest()
+        digest = doorfiles.hashed(api_key)
         text = doorfiles.keys_map(keys.hashes(config) | {doorfiles.ADMIN: digest})
         peer = doorfiles.peer_key_map(doorfiles.peer_key(api_key))
     _made(config, found, DOOR_KEYS, text)

@@ -62,8 +62,9 @@ def peer_key_map(key: str) -> str:
     return f"door {key}\n"
 
 
-def hashed(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+def hashed(key: str | bytes) -> str:
+    """A key as the doors hold it: its SHA-256, in hex."""
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).hexdigest()
 
 
 def peers_map(peers: dict[str, str]) -> str:

@@ -4,7 +4,6 @@ places in the container into a folder of the caller's."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from generator.stack import doorfiles, doorusage, frontdoor
@@ -21,7 +20,7 @@ def runnable(
     """`text` (a rendered haproxy.cfg) written to `folder`, with its files beside it: `keys`,
     name -> key (hashed here, as on the node), `routes`, `peers` (cluster -> its door's key,
     hashed here) and the door's own `peer_key`. Returns the configuration's path."""
-    hashes = {name: hashlib.sha256(key.encode()).hexdigest() for name, key in keys.items()}
+    hashes = {name: doorfiles.hashed(key) for name, key in keys.items()}
     files = {
         frontdoor.KEYS: doorfiles.keys_map(hashes),
         frontdoor.ROUTES: doorfiles.routes_map(routes),
