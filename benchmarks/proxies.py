@@ -35,12 +35,12 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 from python_on_whales import DockerClient
 
+from generator.stack import doorfiles
 from tests.support import images
 from tests.support.load import Load
 
@@ -248,7 +248,8 @@ def main() -> None:
     key = "sk-" + secrets.token_hex(16)
     with tempfile.TemporaryDirectory() as work, vllm(docker, model):
         folder = Path(work)
-        (folder / "keys.map").write_text(f"{sha256(key.encode()).hexdigest()} admin\n")
+        admin = {doorfiles.ADMIN: doorfiles.hashed(key)}
+        (folder / "keys.map").write_text(doorfiles.keys_map(admin))
         (folder / "haproxy.cfg").write_text(
             HAPROXY_CFG.format(
                 retries=HOLD, port=HAPROXY_PORT, keys=folder / "keys.map", upstream=VLLM_PORT
