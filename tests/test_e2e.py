@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -179,13 +181,15 @@ def cut_at_the_door(bed: Testbed, key: str) -> None:
     url = "http://192.168.200.12:30000/v1/chat/completions"
     headers = ["-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json"]
     curl = worker.inside("curl", "-sN", "-m", "60", url, *headers, "-d", json.dumps(request))
-    # Found before the stream starts: listing the head's containers takes seconds on a loaded
-    # machine, longer than the whole answer (200 tokens, about 3 s).
-    serve = clusters.containers(head, "native")["serve"]
+    # Found before the stream starts, and killed from the host: listing the head's containers or
+    # `docker kill` over its context takes seconds on a loaded machine, and a fast one generates
+    # the whole answer (200 tokens) sooner than that.
+    pid = clusters.containers(head, "native")["serve"].state.pid
+    assert pid  # the container's first process, as the host sees it: ours, started by `up`
     with subprocess.Popen(curl, stdout=subprocess.PIPE, text=True) as streaming:
         assert streaming.stdout is not None
         assert streaming.stdout.readline().startswith("data: ")  # under way
-        head.docker.container.kill(serve)
+        os.kill(pid, signal.SIGKILL)
         rest, _ = streaming.communicate(timeout=60)
     assert streaming.returncode == 0 and rest.endswith("data: [DONE]\n\n"), rest  # a whole end
     ended = [e for e in rest.split("\n\n") if e.startswith("data: {")][-1].removeprefix("data: ")
