@@ -195,9 +195,7 @@ Fault = Callable[[Testbed, Path, str], None]
 
 def crash(bed: Testbed, config: Path, backend: str) -> None:
     service = "ray" if backend == "ray" else "serve"
-    pid = clusters.containers(bed.nodes[1], "chaos")[service].state.pid
-    assert pid, "the container is not running"
-    os.kill(pid, signal.SIGKILL)  # a container this run started: its first process
+    os.kill(faults.first_process(bed.nodes[1], "chaos", service), signal.SIGKILL)
 
 
 def kill_worker(bed: Testbed, config: Path, backend: str) -> None:

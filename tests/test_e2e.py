@@ -184,8 +184,7 @@ def cut_at_the_door(bed: Testbed, key: str) -> None:
     # Found before the stream starts, and killed from the host: listing the head's containers or
     # `docker kill` over its context takes seconds on a loaded machine, and a fast one generates
     # the whole answer (200 tokens) sooner than that.
-    pid = clusters.containers(head, "native")["serve"].state.pid
-    assert pid  # the container's first process, as the host sees it: ours, started by `up`
+    pid = faults.first_process(head, "native", "serve")
     with subprocess.Popen(curl, stdout=subprocess.PIPE, text=True) as streaming:
         assert streaming.stdout is not None
         assert streaming.stdout.readline().startswith("data: ")  # under way

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import clusters, images
+from tests.support import clusters, faults, images
 from tests.support.clusters import Background, Pair, cli, completion_from, containers
 from tests.support.testbed import Node, Testbed
 
@@ -262,9 +262,7 @@ def test_a_crash_docker_restarts_is_left_to_heal_and_watch_says_who_healed_it(
     try:
         watcher.wait_for("watch: ok", 120)
         time.sleep(1)
-        pid = containers(worker, "crashed")["ray"].state.pid
-        assert pid  # the container's first process, as the host sees it: ours, started by `up`
-        os.kill(pid, signal.SIGKILL)
+        os.kill(faults.first_process(worker, "crashed", "ray"), signal.SIGKILL)
         named = watcher.wait_for("spark2: ray exited (exit 137)", 60)
         assert "through its engine" not in named
         watcher.wait_for("Docker starts it again and the group's supervisors re-form", 10)

@@ -1,4 +1,5 @@
-"""Faults made on the emulated nodes, for the tests and benchmarks.chaos: a rank that hangs."""
+"""Faults made on the emulated nodes, for the tests and benchmarks.chaos: a container's first
+process found to be killed from the host, a rank that hangs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from pathlib import Path
 
 from tests.support import clusters
 from tests.support.testbed import Node
+
+
+def first_process(node: Node, project: str, service: str) -> int:
+    """The service's container's first process, as the host sees it (a container this run
+    started): a SIGKILL to it ends the container at once, where `docker kill` over the node's
+    context takes seconds on a loaded machine."""
+    pid = clusters.containers(node, project)[service].state.pid
+    assert pid, f"{node.name}'s {service} container is not running"
+    return pid
 
 
 def descendants(pid: int) -> list[int]:
@@ -44,8 +54,7 @@ def hang_rank(node: Node, project: str, backend: str) -> None:
     """The node's rank stops (SIGSTOP) while its container, supervisor and Ray stay: no event, no
     exit, and the head's completions hang in a collective."""
     service = "ray" if backend == "ray" else "serve"
-    init = clusters.containers(node, project)[service].state.pid
-    assert init, "the container is not running"
+    init = first_process(node, project, service)
     worker = "RayWorker" if backend == "ray" else "VLLM::Worker"
     deadline = time.monotonic() + 60
     # The rank itself, not only what is around it (a vLLM between two starts has none).
