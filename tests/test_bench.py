@@ -192,6 +192,7 @@ def test_the_table_fits_80_columns_with_every_figure_whole() -> None:
     print(text)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text and "conc" in text and "4096" in text and "12346±400" in text
+    assert text.count(" ms") == 4 and "tok/s" in text  # every column says its unit
 
 
 def test_the_prefix_probe_shares_prefixes_and_reads_the_hit_rate_from_the_servers_counters() -> (

@@ -248,7 +248,7 @@ def test_top_shows_a_gb10_with_the_nodes_memory_marked_unified() -> None:
     assert hardware.describe(found) == "35 °C 11 W 0% 12/122 GiB unified"
     row = top.NodeRow(node="spark1", ip="10.0.0.1", hardware=found)
     view = top.Top(nodes=[row], endpoint=None, endpoint_error="down")
-    assert top.rows(view)[0][4] == "35 °C 11 W 0% 12/122 GiB unified"
+    assert top.lines(view)[2] == "  gpu 0              35 °C 11 W 0% 12/122 GiB unified"
 
 
 def test_top_shows_an_h200_under_load_with_its_clock_reason() -> None:

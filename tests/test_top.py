@@ -39,18 +39,34 @@ def test_a_row_per_node_and_the_endpoints_load_on_the_heads_row() -> None:
             generation_tokens_per_s=33.5,
         ),
     )
-    head, worker = top.rows(view)
-    assert head == ["spark1", "serve: running, healthy", "153.2%", "3.0 GiB", "71 °C 512 W 97% 102/120 GiB [sw_power_cap]",
-                    "2 running, 5 waiting", "41.5%", "120 / 33.5"]  # fmt: skip
-    assert worker == ["spark2", "engine does not answer", "-", "-", "-", "", "", ""]
+    said = top.lines(view)
+    assert said == [
+        "NODE / SERVICE       STATE                                     CPU       MEMORY",
+        "spark1               10.0.0.1                                 153%      3.0 GiB",
+        "  gpu 0              71 °C 512 W 97% 102/120 GiB [sw_power_cap]",
+        "  serve              running, healthy",
+        "spark2               engine does not answer                      -            -",
+        "endpoint: 2 running, 5 waiting; KV cache 41.5%; tokens/s in/out: 120.0/33.5",
+    ]
+    assert all(len(line) <= 80 for line in said)
+
+
+def test_every_line_fits_80_columns_with_every_service_a_line_of_its_own() -> None:
+    services = {name: "running (health: starting)" for name in
+                ("ray", "serve", "front-door", "front-door-counts", "node-exporter", "dcgm-exporter")}  # fmt: skip
+    row = top.NodeRow(node="spark-node-with-a-long-name", ip="192.168.200.12", services=services,
+                      cpu_percent=1234.5, memory_bytes=130 * 2**30, error=None)  # fmt: skip
+    said = top.lines(top.Top(nodes=[row], endpoint=None, endpoint_error="x" * 200))
+    assert max(len(line) for line in said) <= 80
+    assert [line.split()[0] for line in said[2:-1]] == list(services)
 
 
 def test_an_endpoint_that_did_not_answer_shows_no_figures_and_a_first_sample_no_rates() -> None:
     row = top.NodeRow(node="spark1", ip="10.0.0.1")
     silent = top.Top(nodes=[row], endpoint=None, endpoint_error="vLLM's /metrics did not answer")
-    assert top.rows(silent)[0][5:] == ["-", "-", "-"]
+    assert top.lines(silent)[-1] == "endpoint: vLLM's /metrics did not answer"
     first = top.Top(nodes=[row], endpoint=top.Endpoint(running=0, waiting=1, kv_cache_percent=0))
-    assert top.rows(first)[0][5:] == ["0 running, 1 waiting", "0%", "-"]
+    assert top.lines(first)[-1] == "endpoint: 0 running, 1 waiting; KV cache 0%; tokens/s in/out: -"
 
 
 def test_rates_are_per_second_and_never_negative() -> None:

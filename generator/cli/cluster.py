@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from generator.base.errors import DockerError, VllmComposeError
 from generator.cli.app import (
@@ -247,8 +247,5 @@ def top(
             live.update(_table(view), refresh=True)
 
 
-def _table(view: top_view.Top) -> Table:
-    table = Table(*top_view.COLUMNS, title=time.strftime("%H:%M:%S"), title_justify="left")
-    for row in top_view.rows(view):
-        table.add_row(*row)
-    return table
+def _table(view: top_view.Top) -> Text:
+    return Text("\n".join([time.strftime("%H:%M:%S"), *top_view.lines(view)]))

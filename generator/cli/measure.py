@@ -19,13 +19,14 @@ RecordOpt = Annotated[
     bool, typer.Option("--record", help="Record these answers as the golden ones.")
 ]
 
-# (heading, field): narrow enough for 80 columns (times in ms; "srv": as the server counted
-# them); every field is in the saved JSON.
+# (heading, field): narrow enough for 80 columns, each with its unit ("srv": as the server
+# counted them); every field is in the saved JSON.
 COLUMNS = [
     ("conc", "max_concurrency"), ("req/s", "request_throughput"),
-    ("out tok/s", "output_throughput"), ("srv tok/s", "served_output_throughput"),
-    ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
-    ("TPOT p50", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("failed", "failed"),
+    ("out\ntok/s", "output_throughput"), ("srv\ntok/s", "served_output_throughput"),
+    ("TTFT p50\nms", "median_ttft_ms"), ("TTFT p99\nms", "p99_ttft_ms"),
+    ("TPOT p50\nms", "median_tpot_ms"), ("TPOT p99\nms", "p99_tpot_ms"),
+    ("failed\nrequests", "failed"),
 ]  # fmt: skip
 
 INPUT = "Prompt tokens per request \\[default: 256, or half the model's context]."
@@ -57,7 +58,7 @@ def bench(
     """vLLM's `vllm bench serve` from the serve image against the endpoint (through the front
     door, as clients reach it; `--direct`: vLLM itself), over a sweep of concurrencies: a table
     of TTFT and TPOT percentiles, throughput and failed requests; kept as JSON and a
-    throughput-latency plot (PNG) per lock beside the config. Exits 1 when any request failed
+    throughput-latency plot (PNG) per lock in the state folder. Exits 1 when any request failed
     (the run is kept, marked failed, and never compared with)."""
     opened = open_config(path, outdir)
     fleet, c = opened.fleet, opened.cluster

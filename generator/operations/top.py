@@ -89,23 +89,34 @@ def _row(fleet: Fleet, node: Node) -> Callable[[], NodeRow]:
     return run
 
 
-def rows(top: Top) -> list[list[str]]:
-    """The view's table: a row per node, the endpoint's figures on the head's row."""
-    e = top.endpoint
-    load = "-" if e is None else f"{e.running:g} running, {e.waiting:g} waiting"
-    cache = "-" if e is None else f"{e.kv_cache_percent:g}%"
-    tps = "-" if e is None or e.generation_tokens_per_s is None else (
-        f"{e.prompt_tokens_per_s:g} / {e.generation_tokens_per_s:g}"
-    )  # fmt: skip
-    table = []
-    for i, r in enumerate(top.nodes):
-        services = ", ".join(f"{s}: {st}" for s, st in r.services.items()) or (r.error or "-")
-        cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:g}%"
+WIDTH = 80  # a terminal's columns: every line of the view fits
+
+
+def lines(top: Top) -> list[str]:
+    """The view as text: a header, a line per node (its IP, CPU, memory), one per GPU and one per
+    service under it, and the endpoint's load last; each line at most WIDTH columns."""
+    said = [_line("NODE / SERVICE", "STATE", "CPU", "MEMORY")]
+    for r in top.nodes:
+        cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%"
         memory = "-" if r.memory_bytes is None else f"{r.memory_bytes / 2**30:.1f} GiB"
-        gpus = "-" if r.hardware is None else hardware.describe(r.hardware)
-        head = [load, cache, tps] if i == 0 else ["", "", ""]
-        table.append([r.node, services, cpu, memory, gpus, *head])
-    return table
+        said.append(_line(r.node, r.error or r.ip, cpu, memory))
+        gpus = hardware.describe(r.hardware).split("; ") if r.hardware else []
+        said += [_line(f"  gpu {i}", gpu, "", "") for i, gpu in enumerate(gpus)]
+        said += [_line(f"  {service}", state, "", "") for service, state in r.services.items()]
+    return [*said, _endpoint(top)]
 
 
-COLUMNS = ["node", "services", "CPU", "memory", "GPUs", "requests", "KV cache", "tok/s in / out"]
+def _line(name: str, state: str, cpu: str, memory: str) -> str:
+    text = f"{name:<20} {state:<36} {cpu:>8} {memory:>12}".rstrip()
+    return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"
+
+
+def _endpoint(top: Top) -> str:
+    e = top.endpoint
+    if e is None:
+        return f"endpoint: {top.endpoint_error or 'no figures'}"[:WIDTH]
+    rates = "tokens/s in/out: -" if e.generation_tokens_per_s is None else (
+        f"tokens/s in/out: {e.prompt_tokens_per_s:.1f}/{e.generation_tokens_per_s:.1f}"
+    )  # fmt: skip
+    load = f"{e.running:g} running, {e.waiting:g} waiting"
+    return f"endpoint: {load}; KV cache {e.kv_cache_percent:g}%; {rates}"[:WIDTH]
