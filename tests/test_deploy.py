@@ -259,7 +259,7 @@ def test_a_rotated_api_key_is_applied_by_up(stack: Pair, door: bool) -> None:
     url = "http://192.168.200.12:30000/v1/completions"
     old = clusters.api_key(config)
     before = {s: c.id for s, c in containers(head, "rotate").items()}
-    key = tmp / "c.api-key"
+    key = tmp / "c.state" / "api-key"
     key.write_text("rotated-" + old[::-1])  # mode 0600 kept: the file is rewritten in place
     assert cli("secrets", config, cwd=tmp).returncode == 0
     again = cli("up", config, cwd=tmp)
@@ -371,7 +371,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
         result = cli("up", config, cwd=tmp)
         assert result.returncode == 0, result.stderr
         assert "ray token: generated" in result.stderr
-        assert (tmp / "c.ray-token").stat().st_mode & 0o777 == 0o600
+        assert (tmp / "c.state" / "ray-token").stat().st_mode & 0o777 == 0o600
         for node in (head, worker):
             for address, port, process in listeners(node):
                 assert port not in (8265, 10001), f"{node.name}: {process} on {address}:{port}"
@@ -394,7 +394,7 @@ def test_ray_listens_on_every_address_but_answers_only_with_the_token(stack: Pai
         )  # fmt: skip
         assert without.returncode == 1
         assert "nauthenticated" in without.stderr or "uthentication" in without.stderr, without
-        token = (tmp / "c.ray-token").read_text()
+        token = (tmp / "c.state" / "ray-token").read_text()
         for node in (head, worker):
             for service, container in containers(node, "ports").items():
                 inspected = subprocess.run(

@@ -10,7 +10,8 @@ from generator.operations import evidence
 
 
 def test_a_secrets_contents_are_hidden_wherever_they_appear(tmp_path: Path) -> None:
-    key = tmp_path / "c.api-key"
+    key = tmp_path / "c.state" / "api-key"
+    key.parent.mkdir()
     key.write_text("s3cr3t-value-1234\n")
     fleet = types.SimpleNamespace(secret_files={"api_key": key})
     hide = evidence._redactor(fleet)  # type: ignore[arg-type]

@@ -41,8 +41,24 @@ def test_the_front_doors_map_holds_the_admin_key_and_each_users_by_hash(tmp_path
     key = keys.add(config, "bob")
     found = secrets.local(config, load(config))
     text = found.files["front_door_keys"].read_text()
-    admin = (tmp_path / "c.api-key").read_text()
+    admin = (tmp_path / "c.state" / "api-key").read_text()
     assert text == doorfiles.keys_map(
         {"admin": hashlib.sha256(admin.encode()).hexdigest(), "bob": keys.hashes(config)["bob"]}
     )
     assert key not in text and admin not in text
+
+
+def test_keys_ls_says_when_there_are_none_and_heads_its_columns(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.test_cli import CASES, run
+
+    shutil.copy(CASES / "sample.yaml", tmp_path / "c.yaml")
+    none = run("keys", "ls", "c.yaml", cwd=tmp_path)
+    assert none.returncode == 0
+    assert (
+        none.stdout == "no keys (only the admin key); add one: vllm-compose keys add c.yaml NAME\n"
+    )
+    keys.add(tmp_path / "c.yaml", "alice")
+    listed = run("keys", "ls", "c.yaml", cwd=tmp_path).stdout.splitlines()
+    assert listed[0] == "NAME   MADE (UTC)" and listed[1].startswith("alice  20")

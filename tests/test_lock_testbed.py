@@ -185,7 +185,7 @@ def test_a_byte_flipped_after_verify_is_named_by_preflight_and_by_verify(pair: P
     ok(cli("lock", config, cwd=tmp))
     verified = ok(cli("verify", config, cwd=tmp))
     assert "verify: 2 files on each of 2 nodes match the lock" in verified
-    assert (tmp / "c.model-stamps.json").exists()
+    assert (tmp / "c.state" / "model-stamps.json").exists()
     assert ok(cli("preflight", config, cwd=tmp))
 
     with (Path(worker.models) / "standin-model/weights.bin").open("r+b") as f:

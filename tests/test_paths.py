@@ -37,7 +37,7 @@ def decoys_untouched(place: Path) -> None:
 
 def untouched(place: Path) -> None:
     decoys_untouched(place)
-    assert not (place / "c.api-key").exists()  # nothing generated before the refusal
+    assert not (place / "c.state" / "api-key").exists()  # nothing generated before the refusal
 
 
 LINKS = {
@@ -121,15 +121,16 @@ def test_nothing_is_written_through_a_side_folder_or_file_that_is_a_link(
     sweep = bench.Sweep([1], 1, 1, 1)
     write: dict[str, tuple[Path, Callable[[], object]]] = {
         "history": (history.folder_for(config), lambda: history.record(config, "x", None)),
-        "logs": (config.with_name("c.logs"), lambda: evidence.last_start(place / "c.logs", {})),
-        "bench": (place / "c.bench", lambda: benchruns.save(config, None, sweep, [])),
+        "logs": (place / "c.state/logs", lambda: evidence.last_start(place / "c.state/logs", {})),
+        "bench": (place / "c.state/bench", lambda: benchruns.save(config, None, sweep, [])),
         "stamps": (stamps.path_for(config), lambda: stamps.record(config, "/m", {})),
     }
     where, act = write[side]
+    where.parent.mkdir(exist_ok=True)
     where.symlink_to(place / ("decoy-secret" if side == "stamps" else "decoy"))
     with pytest.raises(UnsafePath, match="is a link"):
         act()
-    untouched(place)
+    decoys_untouched(place)
 
 
 def test_a_config_that_is_not_a_regular_small_utf8_file_is_refused_without_reading_it(
@@ -226,7 +227,7 @@ def test_a_config_in_a_linked_folder_keeps_its_lock_and_stamps_beside_it(tmp_pat
     config = tmp_path / "linked" / "c.yaml"
     shutil.copy(CASES / "sample.yaml", config)
     stamps.record(config, "/m", {})
-    assert (tmp_path / "real" / stamps.path_for(config).name).is_file()
+    assert (tmp_path / "real" / "c.state" / "model-stamps.json").is_file()
 
 
 @pytest.mark.parametrize("command", ["render", "lock", "secrets", "up", "upgrade", "watch"])
@@ -251,12 +252,13 @@ def test_every_command_that_writes_node_folders_refuses_links_before_anything_el
     untouched(place)
 
 
-SIDE_LINKS = {  # beside c.yaml: each side file or folder as a link to a decoy
+SIDE_LINKS = {  # beside c.yaml and in its state folder: each side file or folder a link to a decoy
     "c.lock.json": "decoy-secret",
-    "c.history": "decoy",
-    "c.logs": "decoy",
-    "c.bench": "decoy",
-    "c.model-stamps.json": "decoy-secret",
+    "c.state/history": "decoy",
+    "c.state/logs": "decoy",
+    "c.state/bench": "decoy",
+    "c.state/model-stamps.json": "decoy-secret",
+    "c.state/keys.json": "decoy-secret",
 }
 
 
@@ -272,6 +274,7 @@ def test_no_command_reads_writes_or_shows_a_side_file_through_a_link(
     them, which most commands read first): whatever the command then does (the config's contexts
     do not exist), the decoys are untouched and never printed. (watch is left out here: with no
     engine it keeps trying to recover; the output-folder walk above covers it.)"""
+    (place / "c.state").mkdir(mode=0o700)
     for name, target in SIDE_LINKS.items():
         if lock_linked or name != "c.lock.json":
             (place / name).symlink_to(place / target)
@@ -293,9 +296,9 @@ def test_every_side_file_of_a_config_is_named_in_one_place() -> None:
         beside.stamps,
     ]
     assert gate.path_for(config) == beside.answers == Path("/srv/c.answers.json")
-    assert [p.name for p in (beside.lock, beside.logs, beside.bench)] == [
-        "c.lock.json",
-        "c.logs",
-        "c.bench",
+    assert [beside.lock, beside.logs, beside.bench] == [
+        Path("/srv/c.lock.json"),  # committed with the config
+        Path("/srv/c.state/logs"),  # state: in one folder beside it
+        Path("/srv/c.state/bench"),
     ]
-    assert secrets._default(config, "api_key") == "c.api-key"
+    assert secrets._default(config, "api_key") == Path("/srv/c.state/api-key")

@@ -57,7 +57,7 @@ def test_an_engine_that_stops_is_named_after_the_cap_and_the_others_are_left_cle
     # The cause outlives the containers: each recreate and the give-up saved the logs first, and
     # the head's /tmp (Ray's session logs) stays until `down`, as does the front door (its
     # clients get a 503 with Retry-After, not a refused connection).
-    saved = sorted((tmp / "c.logs").glob("*/spark1.log"))
+    saved = sorted((tmp / "c.state" / "logs").glob("*/spark1.log"))
     assert len(saved) >= 2 and "stand-in vllm: attached to Ray" in saved[0].read_text()
     assert any("giving up: logs not saved: spark2: " in line for line in watcher.lines)
     kept = clusters.uncached(clusters.leftovers(head, "enginestop"))
@@ -83,11 +83,11 @@ def test_a_link_cut_during_up_is_named_and_leaves_no_container(stack: Pair) -> N
         "node 'spark2': phase 'ray-join' failed: not in Ray 30 s after the start" in upping.output
     )
     assert "192.168.200.12:29510" in upping.output  # what it could not reach: the head
-    saved = next((tmp / "c.logs").glob("*/spark2.log")).read_text()
+    saved = next((tmp / "c.state" / "logs").glob("*/spark2.log")).read_text()
     assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in saved
     # The same, and more, in one archive to send: the worker's lines, every container, the
     # compose files, how the start went; not one secret.
-    bundle = clusters.bundled(next((tmp / "c.logs").glob("*.tar.gz")), config)
+    bundle = clusters.bundled(next((tmp / "c.state" / "logs").glob("*.tar.gz")), config)
     assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in bundle["spark2.log"]
     assert {"spark1.containers.json", "compose/spark2/compose.yaml"} <= set(bundle)
     start = json.loads(bundle["summary.json"])["last_start"]

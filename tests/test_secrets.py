@@ -26,15 +26,15 @@ def test_ray_backend_gets_an_api_key_and_a_ray_token_each_0600_and_never_rewritt
     path = tmp_path / "c.yaml"
     found = secrets.local(path, config.parse(BASE))
     assert found.generated == {
-        "api_key": tmp_path / "c.api-key",
-        "ray_token": tmp_path / "c.ray-token",
+        "api_key": tmp_path / "c.state" / "api-key",
+        "ray_token": tmp_path / "c.state" / "ray-token",
     }
     for file in found.generated.values():
         assert file.stat().st_mode & 0o777 == 0o600 and len(file.read_text()) >= 32
-    key = (tmp_path / "c.api-key").read_text()
+    key = (tmp_path / "c.state" / "api-key").read_text()
     again = secrets.local(path, config.parse(BASE))
     assert again.generated == {} and again.files == found.files
-    assert (tmp_path / "c.api-key").read_text() == key
+    assert (tmp_path / "c.state" / "api-key").read_text() == key
 
 
 def test_native_backend_needs_no_ray_token(tmp_path: Path) -> None:
@@ -70,35 +70,38 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
     assert found.files == {
         "api_key": tmp_path / "keys/api",
         "ray_token": tmp_path / "elsewhere",
-        "front_door_keys": tmp_path / "c.front-door-keys",  # made from the API key
-        "front_door_routes": tmp_path / "c.front-door-routes",  # its own model's, to begin
-        "front_door_models": tmp_path / "c.front-door-models.json",
-        "front_door_peer_key": tmp_path / "c.front-door-peer-key",  # made from the API key too
-        "front_door_peers": tmp_path / "c.front-door-peers",  # its own door's, to begin
+        "front_door_keys": tmp_path / "c.state" / "front-door-keys",  # made from the API key
+        "front_door_routes": tmp_path
+        / "c.state"
+        / "front-door-routes",  # its own model's, to begin
+        "front_door_models": tmp_path / "c.state" / "front-door-models.json",
+        "front_door_peer_key": tmp_path
+        / "c.state"
+        / "front-door-peer-key",  # made from the API key too
+        "front_door_peers": tmp_path / "c.state" / "front-door-peers",  # its own door's, to begin
     }
-    assert (tmp_path / "c.front-door-routes").read_text() == "/models/m 8400\n"
+    assert (tmp_path / "c.state" / "front-door-routes").read_text() == "/models/m 8400\n"
     # Its key at the other doors shows nothing of the API key; they hold its hash alone.
     door_key = doorfiles.peer_key(b"k" * 40)
-    assert (tmp_path / "c.front-door-peer-key").read_text() == f"door {door_key}\n"
+    assert (tmp_path / "c.state" / "front-door-peer-key").read_text() == f"door {door_key}\n"
     assert "k" * 40 not in door_key and len(door_key) == 64
-    own = (tmp_path / "c.front-door-peers").read_text()
+    own = (tmp_path / "c.state" / "front-door-peers").read_text()
     assert own == f"{hashlib.sha256(door_key.encode()).hexdigest()} door:c\n"
     assert doorfiles.read_peers(own + "a line of another shape\n") == {"c": own.split()[0]}
     assert found.generated == {}
 
 
 def test_an_empty_api_key_file_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "c.api-key").write_text("\n")
-    (tmp_path / "c.api-key").chmod(0o600)
+    key_file(tmp_path, b"\n")
     with pytest.raises(VllmComposeError) as refused:
         secrets.local(tmp_path / "c.yaml", config.parse(BASE))
     assert refused.value.message == (
-        f"secrets.api_key_file: {tmp_path}/c.api-key is empty: serving would take requests from"
+        f"secrets.api_key_file: {tmp_path}/c.state/api-key is empty: serving would take requests from"
         " anyone"
     )
 
 
-def test_generated_files_git_would_commit_are_added_to_the_gitignore_beside_them(
+def test_generated_secrets_land_in_a_state_folder_of_mode_0700_that_git_ignores(
     tmp_path: Path,
 ) -> None:
     import subprocess
@@ -106,10 +109,14 @@ def test_generated_files_git_would_commit_are_added_to_the_gitignore_beside_them
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     found = secrets.local(tmp_path / "c.yaml", config.parse(BASE))
     generated = sorted(found.generated.values())
-    assert secrets.unignored(generated) == generated
-    assert secrets.ignore(generated) == tmp_path / ".gitignore"
-    assert (tmp_path / ".gitignore").read_text() == "c.api-key\nc.ray-token\n"
-    assert secrets.unignored(generated) == []
+    assert [p.relative_to(tmp_path) for p in generated] == [Path("c.state/api-key"),
+                                                            Path("c.state/ray-token")]  # fmt: skip
+    assert (tmp_path / "c.state").stat().st_mode & 0o777 == 0o700
+    assert secrets.unignored(generated) == []  # the state folder's own .gitignore
+    assert not (tmp_path / ".gitignore").exists()
+    named = tmp_path / "named.key"  # a file the config names is the user's: git is asked
+    named.write_text("k")
+    assert secrets.unignored([named]) == [named]
 
 
 def test_the_archive_a_node_reads_its_secrets_from_holds_each_file_0600_owned_by_root() -> None:
@@ -123,7 +130,8 @@ def test_the_archive_a_node_reads_its_secrets_from_holds_each_file_0600_owned_by
 
 
 def key_file(tmp_path: Path, data: bytes) -> Path:
-    path = tmp_path / "c.api-key"
+    path = tmp_path / "c.state" / "api-key"
+    path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)
     path.write_bytes(data)
     path.chmod(0o600)
@@ -160,7 +168,7 @@ def test_a_final_newline_is_allowed(tmp_path: Path) -> None:
     for data in (b"k" * 40, b"k" * 40 + b"\n", b"a key with inner spaces"):
         key_file(tmp_path, data)
         found = secrets.local(tmp_path / "c.yaml", config.parse(BASE + "backend: native\n"))
-        assert found.files["api_key"] == tmp_path / "c.api-key"
+        assert found.files["api_key"] == tmp_path / "c.state" / "api-key"
 
 
 def test_system_files_fifos_devices_and_folders_are_refused_before_any_read(
@@ -188,7 +196,9 @@ def test_system_files_fifos_devices_and_folders_are_refused_before_any_read(
 
 def test_one_file_for_two_secrets_is_refused(tmp_path: Path) -> None:
     key_file(tmp_path, b"k" * 40)
-    both = config.parse(BASE + "secrets: {api_key_file: c.api-key, ray_token_file: c.api-key}\n")
+    both = config.parse(
+        BASE + "secrets: {api_key_file: c.state/api-key, ray_token_file: c.state/api-key}\n"
+    )
     with pytest.raises(SecretFileError, match=r"is also secrets\.api_key_file"):
         secrets.local(tmp_path / "c.yaml", both)
 

@@ -113,7 +113,7 @@ def test_upgrade_stages_first_rolls_back_by_itself_and_rollback_goes_back(pair: 
     back = cli("rollback", path, cwd=tmp, timeout=900)
     assert back.returncode == 0, back.stderr
     assert answers(worker, key) and max_model_len(head) == 256
-    assert len(list((tmp / "upg.history").iterdir())) == 3  # up, upgrade, rollback
+    assert len(list((tmp / "upg.state" / "history").iterdir())) == 3  # up, upgrade, rollback
     assert clusters.containers(head, "upg")["front-door"].id == door  # never recreated
 
 

@@ -1,5 +1,11 @@
-"""The files the tool keeps beside a config (lock, history, stamps, logs, bench results) and the
-config itself, as inputs: never read, written or shown through a link the tool did not make.
+"""The files the tool keeps for a config, and the config itself, as inputs: never read, written
+or shown through a link the tool did not make.
+
+Beside the config stay only what a user commits with it: the lock (CONFIG-STEM.lock.json) and the
+golden answers (CONFIG-STEM.answers.json). Everything else (secrets, the door's files, keys,
+history, logs, bench runs, model stamps) lives in one folder beside it, CONFIG-STEM.state/ (mode
+0700, with a .gitignore that ignores all of it). `move_old` moves an earlier version's side files
+there.
 
 An input is checked before it is opened: a regular file (a link is refused, but for the config
 itself, which is the user's to place), under a size limit, UTF-8; an error names the file and
@@ -15,6 +21,14 @@ from pathlib import Path
 from generator.base.errors import UnsafePath
 
 LIMIT = 1 << 20  # bytes: a config, lock or history entry is a few KiB
+STATE = "state"  # CONFIG-STEM.state/: the config's state folder
+COMMITTED = ("lock.json", "answers.json")  # beside the config: meant to be committed with it
+# What an earlier version kept beside the config as CONFIG-STEM.SUFFIX, now in the state folder.
+OLD = (
+    "api-key", "ray-token", "keys.json", "front-door-keys", "front-door-routes",
+    "front-door-models.json", "front-door-peer-key", "front-door-peers", "history", "logs",
+    "bench", "model-stamps.json",
+)  # fmt: skip
 
 
 class _Named:
@@ -29,8 +43,8 @@ class _Named:
 
 @dataclass(frozen=True)
 class Beside:
-    """Every file and folder the tool keeps beside a config, named here only; the generated
-    secrets' files (.api-key, .ray-token) are `named` by the secrets' module."""
+    """Every file and folder the tool keeps for a config, named here only; the generated
+    secrets' files (api-key, ray-token) and the door's are `named` by the secrets' module."""
 
     config: Path
 
@@ -41,8 +55,34 @@ class Beside:
     bench = _Named("bench")  # a folder: bench's runs
     answers = _Named("answers.json")  # the correctness gate's recorded answers
 
+    @property
+    def state(self) -> Path:
+        return self.config.with_name(f"{self.config.stem}.{STATE}")
+
     def named(self, suffix: str) -> Path:
-        return self.config.with_name(f"{self.config.stem}.{suffix}")
+        if suffix in COMMITTED:
+            return self.config.with_name(f"{self.config.stem}.{suffix}")
+        return self.state / suffix
+
+    def move_old(self, keep: set[Path]) -> tuple[list[str], list[str]]:
+        """An earlier version's side files beside the config, moved into the state folder (a
+        rename: a secret keeps its mode and is never copied); `keep`: files the config names
+        itself, left where they are. Returns the names moved, and what was left and why."""
+        moved: list[str] = []
+        left: list[str] = []
+        for suffix in OLD:
+            old = self.config.with_name(f"{self.config.stem}.{suffix}")
+            if (not old.is_symlink() and not old.exists()) or old.resolve() in keep:
+                continue
+            new = ready(self.state / suffix)
+            if old.is_symlink() or not (old.is_file() or old.is_dir()):
+                left.append(f"{old.name} (not a file or folder of its own)")
+            elif new.exists() or new.is_symlink():
+                left.append(f"{old.name} ({new} is there already)")
+            else:
+                old.rename(new)
+                moved.append(old.name)
+        return moved, left
 
 
 def problem(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
@@ -78,7 +118,20 @@ def not_a_link(path: Path) -> Path:
     return path
 
 
+def ready(path: Path) -> Path:
+    """`path`, to be written: its folder a config's state folder, that is made (mode 0700, with a
+    .gitignore that ignores all of it) when missing; refused when it is a link."""
+    state = path.parent
+    if state.name.endswith(f".{STATE}"):
+        not_a_link(state)
+        if not state.exists():
+            state.mkdir(mode=0o700)
+            state.chmod(0o700)
+            (state / ".gitignore").write_text("# vllm-compose's state: secrets, logs, runs\n*\n")
+    return not_a_link(path)
+
+
 def folder(path: Path) -> Path:
     """`path` as a folder of the tool's own, made when missing; refused when it is a link."""
-    not_a_link(path).mkdir(parents=True, exist_ok=True)
+    ready(path).mkdir(parents=True, exist_ok=True)
     return path

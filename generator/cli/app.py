@@ -18,6 +18,7 @@ from python_on_whales import DockerException
 from rich.console import Console
 
 from generator import config
+from generator.base import sidefiles
 from generator.base.errors import VllmComposeError, reason
 from generator.cli.live import Progress
 from generator.nodes import secrets
@@ -34,7 +35,27 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
-ConfigArg = Annotated[Path, typer.Argument(help="The cluster config (YAML).", show_default=False)]
+
+def state_moved(path: Path) -> Path:
+    """An earlier version's side files beside the config moved into its state folder, said in one
+    line; only for a config that loads (the command itself names what is wrong with one)."""
+    try:
+        c = config.load(path)
+    except (VllmComposeError, OSError):
+        return path
+    moved, left = sidefiles.Beside(path).move_old(secrets.named_files(path, c))
+    state = sidefiles.Beside(path).state
+    if moved:
+        err.print(f"moved {len(moved)} side file(s) into {state}/: {', '.join(moved)}")
+    for what in left:
+        err.print(f"warning: left beside {path.name}: {what}; the tool now uses {state}/")
+    return path
+
+
+ConfigArg = Annotated[
+    Path,
+    typer.Argument(help="The cluster config (YAML).", show_default=False, callback=state_moved),
+]
 UpdateLockOpt = Annotated[
     bool, typer.Option("--update-lock", help="Re-lock from the head first, accepting drift.")
 ]

@@ -72,7 +72,7 @@ def render_cmd(
 
 @app.command("secrets")
 def secrets_(path: ConfigArg, outdir: OutdirOpt = None) -> None:
-    """Write the secret files (the API key, generated beside the config when missing, and the HF
+    """Write the secret files (the API key, generated in the state folder when missing, and the HF
     token) onto every node that needs them, as `up` does; for stacks started over contexts."""
     fleet = open_config(path, outdir, with_secrets=True).fleet
     fleet.contexts_answer()
@@ -134,7 +134,7 @@ def sync_model(
 def verify_model(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """Hash every model file on every node (all at once, with progress) and compare them with the
     lock, or with the head's files without one; name each mismatch. Nodes found right are
-    stamped (CONFIG.model-stamps.json): preflight then names a file changed since, unhashed."""
+    stamped (in the state folder): preflight then names a file changed since, unhashed."""
     opened = open_config(path, outdir, strict=True)  # its containers need no secret
     problems, files = verify.verify(opened.fleet, opened.locked, path)
     if problems:

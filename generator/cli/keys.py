@@ -38,13 +38,19 @@ def revoke(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
 @keys.command("ls", epilog="Example: vllm-compose keys ls cluster.yaml")
 def ls(path: ConfigArg) -> None:
     """The keys' names and when each was made (never a key)."""
-    for name, entry in sorted(store.read(path).items()):
-        out.print(f"{name}\t{entry.created}")
+    kept = store.read(path)
+    if not kept:
+        out.print(f"no keys (only the admin key); add one: vllm-compose keys add {path} NAME")
+        return
+    width = max(len(name) for name in kept)
+    out.print(f"{'NAME':<{width}}  MADE (UTC)")
+    for name, entry in sorted(kept.items()):
+        out.print(f"{name:<{width}}  {entry.created}")
 
 
 def _pushed(path: Path, outdir: Path | None, what: str) -> None:
     took = doorkeys.pushed(path, outdir, progress)
     if took is None:
-        err.print(f"{what}: kept beside the config; the front door gets it at the next `up`")
+        err.print(f"{what}: kept in the state folder; the front door gets it at the next `up`")
     else:
         err.print(f"{what}: at the front door ({took:.1f} s)")

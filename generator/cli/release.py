@@ -53,12 +53,12 @@ def upgrade(
     image on every node, secrets, preflight); then the old group stops and the new one starts
     behind its gate, the config's golden prompt and the answers `check` recorded (canary). If
     it fails, the stack that served before starts again by itself. Each stack that served is
-    kept in CONFIG-STEM.history/."""
+    kept in CONFIG-STEM.state/history/."""
     report(upgrading.upgrade(path, _opener(outdir), accept_changed_answers=accept))
 
 
 @app.command()
 def rollback(path: ConfigArg, outdir: OutdirOpt = None) -> None:
-    """Start the stack that served before the one that serves now (from CONFIG-STEM.history/),
+    """Start the stack that served before the one that serves now (from CONFIG-STEM.state/history/),
     and put its lock back; the config file is left as it is."""
     report(upgrading.rollback(path, _opener(outdir)))

@@ -176,7 +176,7 @@ class Secrets(Strict):
         default=None,
         pattern=SECRET_FILE,
         description="File holding the API key clients must send, relative to the config or "
-        "absolute (default: CONFIG-STEM.api-key, generated with mode 0600 when missing).",
+        "absolute (default: CONFIG-STEM.state/api-key, generated with mode 0600 when missing).",
     )
     hf_token_file: str | None = Field(
         default=None,
@@ -188,8 +188,8 @@ class Secrets(Strict):
         default=None,
         pattern=SECRET_FILE,
         description="File holding the token Ray's nodes authenticate with, relative to the "
-        "config or absolute (backend ray; default: CONFIG-STEM.ray-token, generated with mode "
-        "0600 when missing).",
+        "config or absolute (backend ray; default: CONFIG-STEM.state/ray-token, generated with "
+        "mode 0600 when missing).",
     )
 
 

@@ -1,6 +1,6 @@
-"""The front door's keys, one per user: made here, shown once, kept beside the config only as
-hashes (CONFIG-STEM.keys.json, mode 0600: name -> SHA-256 and when it was made). The config's
-API key is the admin key and is no entry here."""
+"""The front door's keys, one per user: made here, shown once, kept in the config's state folder
+only as hashes (CONFIG-STEM.state/keys.json, mode 0600: name -> SHA-256 and when it was made). The
+config's API key is the admin key and is no entry here."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def revoke(config: Path, name: str) -> None:
 
 def _write(config: Path, kept: dict[str, Entry]) -> None:
     text = json.dumps({n: asdict(e) for n, e in sorted(kept.items())}, indent=2) + "\n"
-    write_atomic(path_for(config), text, 0o600)
+    write_atomic(sidefiles.ready(path_for(config)), text, 0o600)
 
 
 def hashes(config: Path) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""Secret files: found (or, for the API key, made) beside the config, then written onto each node
-over its context, so a remote engine finds them on its own side.
+"""Secret files: found (or, for the API key, made) in the config's state folder, then written onto
+each node over its context, so a remote engine finds them on its own side.
 
 The contents travel only as a tar archive on a short-lived container's standard input, into a file
 of mode 0600 in a folder of mode 0700 on the node (stack.secrets_folder); never as an argument, an
@@ -38,14 +38,14 @@ IN_PLACE = (*doorfiles.FILES, "api_key")
 
 @dataclass(frozen=True)
 class Local:
-    files: dict[str, Path]  # secret name -> file beside the config
+    files: dict[str, Path]  # secret name -> its file on this machine
     generated: dict[str, Path]  # secret name -> its file, made just now
     missing: dict[str, Path]  # secret name -> its file, not made (generate=False)
 
 
 def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     """The secret files the config names (relative to it, or absolute). The API key (and Ray's
-    token, with the Ray backend) default to CONFIG-STEM.api-key (.ray-token) beside the config,
+    token, with the Ray backend) default to api-key (ray-token) in the config's state folder,
     generated (mode 0600) when missing, unless `generate` is False (a dry run): then they are
     listed as missing."""
     folder = config.resolve().parent
@@ -56,7 +56,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
         if name in doorfiles.FILES:
             continue  # made (_door_keys, _door_routes)
         given = named[name]
-        path = folder / Path(given).expanduser() if given else folder / _default(config, name)
+        path = folder / Path(given).expanduser() if given else _default(folder / config.name, name)
         if path.exists():
             found.files[name] = path
         elif given or name == "hf_token":
@@ -75,6 +75,14 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
         _door_keys(config, found, generate)
         _door_routes(config, cluster, found, generate)
     return found
+
+
+def named_files(config: Path, cluster: Cluster) -> set[Path]:
+    """The secret files the config names itself (secrets.*_file), resolved."""
+    given = (cluster.secrets.api_key_file, cluster.secrets.ray_token_file,
+             cluster.secrets.hf_token_file)  # fmt: skip
+    folder = config.resolve().parent
+    return {(folder / Path(g).expanduser()).resolve() for g in given if g}
 
 
 def newer(names: list[str], started: datetime, changed: dict[str, float], door: bool) -> list[str]:
@@ -111,7 +119,7 @@ def _door_routes(config: Path, cluster: Cluster, found: Local, generate: bool) -
 
 def peer_hash(files: dict[str, Path]) -> str | None:
     """The hash of the door's key at the other doors (its line in their peers' maps), from its
-    file beside the config (`files`: the secrets found there); None when there is none yet."""
+    file in the state folder (`files`: the secrets found); None when there is none yet."""
     path = files.get(PEER_KEY)
     if path is None:
         return None
@@ -120,21 +128,21 @@ def peer_hash(files: dict[str, Path]) -> str | None:
 
 
 def _made(config: Path, found: Local, name: str, text: str | None) -> None:
-    """A made file beside the config: written (mode 0600) when `text` is not what it holds (None:
-    not made now), then listed as found, or as missing when there is none."""
+    """A made file in the state folder: written (mode 0600) when `text` is not what it holds
+    (None: not made now), then listed as found, or as missing when there is none."""
     path = sidefiles.Beside(config).named(SECRET_NAMES[name])
     if text is not None and (not path.exists() or path.read_text(encoding="utf-8") != text):
-        write_atomic(path, text, 0o600)
+        write_atomic(sidefiles.ready(path), text, 0o600)
     (found.files if path.exists() else found.missing)[name] = path
 
 
-def _default(config: Path, name: str) -> str:
-    return sidefiles.Beside(config).named(SECRET_NAMES[name]).name
+def _default(config: Path, name: str) -> Path:
+    return sidefiles.Beside(config).named(SECRET_NAMES[name])
 
 
 def _generate(path: Path) -> Path:
     # O_EXCL: never overwrites; 0600 from the first byte.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(sidefiles.ready(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(random_secrets.token_urlsafe(32))  # no newline: read as is
     return path

@@ -1,8 +1,8 @@
-"""`bench`'s runs kept beside the config: CONFIG-STEM.bench/<lock>/<UTC time>.json and a plot
-(.png) of throughput against latency, one point per concurrency. A run with failed requests is
-kept and marked so, and never taken as the run to compare with. `--compare` sets a run against
-the latest clean one under the lock before; a change is named only when it is outside the noise
-(the spread of the repeats of both runs)."""
+"""`bench`'s runs kept in the config's state folder: CONFIG-STEM.state/bench/<lock>/<UTC
+time>.json and a plot (.png) of throughput against latency, one point per concurrency. A run
+with failed requests is kept and marked so, and never taken as the run to compare with.
+`--compare` sets a run against the latest clean one under the lock before; a change is named only
+when it is outside the noise (the spread of the repeats of both runs)."""
 
 from __future__ import annotations
 

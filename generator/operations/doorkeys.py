@@ -1,4 +1,4 @@
-"""`keys add|revoke`: the front door's keys changed beside the config, then on the head: its keys'
+"""`keys add|revoke`: the front door's keys changed in the state folder, then on the head: its keys'
 map pushed and the front door reloaded, vLLM left as it is."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What a failed group leaves behind, and what `diagnose` gathers: a bundle beside the config,
-CONFIG-STEM.logs/<UTC time>/ and the same as <UTC time>.tar.gz to send. Before `watch` recreates a
-group or takes it down, and before `up` rolls a failed start back, one is written, so the cause
-outlives the containers.
+"""What a failed group leaves behind, and what `diagnose` gathers: a bundle in the config's state
+folder, CONFIG-STEM.state/logs/<UTC time>/ and the same as <UTC time>.tar.gz to send. Before
+`watch` recreates a group or takes it down, and before `up` rolls a failed start back, one is
+written, so the cause outlives the containers.
 
 Per node: every service's log (exited containers too), each container's state and configuration
 (`<node>.containers.json`), the compose folder as rendered (no secret file), and which network

@@ -1,4 +1,4 @@
-"""The stacks that served, newest last: CONFIG-STEM.history/ beside the config holds one folder
+"""The stacks that served, newest last: CONFIG-STEM.state/history/ holds one folder
 per good start (`up`, `upgrade`, `rollback`), each with the config's text and its lock as they
 were. `upgrade` and `rollback` restore the stack of an entry from it."""
 

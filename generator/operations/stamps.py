@@ -1,7 +1,7 @@
 """Which model files each node held, by size and mtime, when `verify` last hashed them and found
 them right: preflight names a file whose size or mtime has changed since (one byte flipped in
-place changes its mtime) without hashing the model again. Kept beside the config as
-CONFIG.model-stamps.json; a file the tool writes and may rewrite, never the user's."""
+place changes its mtime) without hashing the model again. Kept in the config's state folder as
+model-stamps.json; a file the tool writes and may rewrite, never the user's."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def record(config: Path, model: str, taken: dict[str, Recorded | None]) -> Path:
             found.nodes.pop(node, None)
         else:
             found.nodes[node] = stamps
-    path = path_for(config)
+    path = sidefiles.ready(path_for(config))
     write_atomic(path, json.dumps(found.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     return path
 

@@ -92,8 +92,13 @@ def write_config(
 
 
 def api_key(config: Path) -> str:
-    """The API key `up` generated beside the config."""
-    return (config.parent / f"{config.stem}.api-key").read_text().strip()
+    """The API key `up` generated in the config's state folder."""
+    return state(config, "api-key").read_text().strip()
+
+
+def state(config: Path, name: str) -> Path:
+    """A file or folder of the config's state folder (CONFIG-STEM.state/)."""
+    return config.parent / f"{config.stem}.state" / name
 
 
 def completion_from(node: Node, url: str, config: Path) -> dict[str, Any]:
@@ -228,7 +233,7 @@ def bundled(archive: Path, config: Path) -> dict[str, str]:
                 read = tar.extractfile(member)
                 assert read is not None
                 found[member.name.partition("/")[2]] = read.read().decode()
-    for secret in config.parent.glob(f"{config.stem}.*-*"):  # .api-key, .ray-token
+    for secret in state(config, ".").glob("*-*"):  # api-key, ray-token, front-door-*
         value = secret.read_text().strip()
         assert len(value) > 8 and all(value not in text for text in found.values()), secret
     return found

@@ -67,7 +67,7 @@ def up(backend: str = "ray") -> None:
         "curl", "-s", f"http://{head.ip}:30000/v1/chat/completions",
         "-H", "Content-Type: application/json", "-d", json.dumps(body),
     ]  # fmt: skip
-    key_file = CONFIG.parent / f"{CONFIG.stem}.api-key"
+    key_file = CONFIG.parent / f"{CONFIG.stem}.state" / "api-key"
     shown = shlex.join(request) + f' -H "Authorization: Bearer $(cat {key_file})"'
     step(f"a request from {worker.name}: {shown}")
     auth = f"Authorization: Bearer {key_file.read_text().strip()}"
