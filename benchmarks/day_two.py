@@ -18,48 +18,18 @@ compile cache matters as it does on GPUs), TP=2 over two emulated nodes. Ratios:
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from benchmarks.common import MODEL, PORT, serving, tool
 from tests.support import clusters, images
-from tests.support.testbed import MODELS, Node, Testbed, borrowed
+from tests.support.testbed import Node, Testbed, borrowed
 
-MODEL = f"{MODELS}/{images.MODEL}"
-PORT = 30000
 WORK = Path("/tmp/vllm-compose-day-two")
-
-
-def serving(ip: str, key: str, limit: float = 900) -> float:
-    """Seconds until a completion comes back."""
-    start = time.monotonic()
-    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    while time.monotonic() - start < limit:
-        request = urllib.request.Request(f"http://{ip}:{PORT}/v1/completions", body, headers)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                if json.load(response)["choices"]:
-                    return time.monotonic() - start
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"no completion from {ip} in {limit:g} s")
-
-
-def tool(*args: str | Path) -> str:
-    done = subprocess.run([sys.executable, "-m", "generator", *map(str, args)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"vllm-compose {args[0]} failed:\n{done.stderr}")
-    return done.stdout
 
 
 def timed_up(config: Path, head: Node) -> float:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
-from benchmarks.day_two import serving, tool
+from benchmarks.common import serving, tool
 from tests.support import clusters, images
 from tests.support.testbed import MODELS, Node, borrowed
 

@@ -1,25 +1,29 @@
-"""The chaos benchmark's soak (`python -m benchmarks.chaos --soak MINUTES`): the same cluster and
-load as the fault run, `watch` at its defaults for the whole of it, and a fault from the list
-every 5 minutes (never upgrade or rollback: they need watch stopped). At the end: every request
-accounted for (answered, or failed with an error within the clients' wait, chaos.WAIT: past the
-front door's hold), what each failed one saw, the group serves, and the resident memory of
-`watch` and of each container, taken after a minute of load and again at the end, with its
-growth. Watch's lines are kept in chaos.KEPT (BACKEND-soak.log). Bounded: the soak's minutes,
-then at most FAULT_LIMIT for the last fault to heal.
+"""A soak: `python -m benchmarks.soak [--backend native|ray|both] [--minutes 30]`. The same
+cluster and load as the chaos benchmark's fault run (benchmarks/common.py), `watch` at its
+defaults for the whole of it, and a fault from the list every 5 minutes (never upgrade or
+rollback: they need watch stopped). At the end: every request accounted for (answered, or failed
+with an error within the clients' wait, WAIT: past the front door's hold), what each failed one
+saw, the group serves, and the resident memory of `watch` and of each container, taken after a
+minute of load and again at the end, with its growth. Watch's lines are kept in KEPT
+(BACKEND-soak.log). Bounded: the soak's minutes, then at most FAULT_LIMIT for the last fault to
+heal.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import chaos
-from benchmarks.day_two import serving, tool
+from python_on_whales import DockerClient
+
+from benchmarks import common
+from benchmarks.common import serving, tool
 from tests.support import clusters, faults
 from tests.support.load import Load
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, borrowed
 
 EVERY = 300  # seconds between faults
 FAULTS = "abcdfie"
@@ -55,7 +59,7 @@ def rss(pid: int) -> int:
     return total
 
 
-def memory(bed: Testbed, watcher: chaos.Watcher) -> dict[str, int]:
+def memory(bed: Testbed, watcher: common.Watcher) -> dict[str, int]:
     found = {"watch": rss(watcher.proc.pid)}
     for node in bed.nodes[:2]:
         for service, container in clusters.containers(node, "chaos").items():
@@ -66,17 +70,17 @@ def memory(bed: Testbed, watcher: chaos.Watcher) -> dict[str, int]:
 
 def soak(bed: Testbed, backend: str, minutes: float, image: str) -> Soak:
     head = bed.nodes[0]
-    config, _ = chaos.cold_up(bed, backend, image)
+    config, _ = common.cold_up(bed, backend, image)
     key = clusters.api_key(config)
-    url = f"http://{head.ip}:{chaos.PORT}/v1/chat/completions"
-    seconds = minutes * 60 + chaos.FAULT_LIMIT + WARM  # the soak, then the last fault's wait
-    load = Load(url, key, chaos.MODEL, timeout=chaos.WAIT, seconds=seconds)
-    watcher, began = chaos.Watcher(config), time.monotonic()
+    url = f"http://{head.ip}:{common.PORT}/v1/chat/completions"
+    seconds = minutes * 60 + common.FAULT_LIMIT + WARM  # the soak, then the last fault's wait
+    load = Load(url, key, common.MODEL, timeout=common.WAIT, seconds=seconds)
+    watcher, began = common.Watcher(config), time.monotonic()
     injected: list[str] = []
     last = time.monotonic()  # the last fault
     try:
         watcher.wait_for("watch: ok", 300)
-        with load.running(chaos.CLIENTS):
+        with load.running(common.CLIENTS):
             start = time.monotonic()
             time.sleep(WARM)
             before = memory(bed, watcher)
@@ -84,25 +88,25 @@ def soak(bed: Testbed, backend: str, minutes: float, image: str) -> Soak:
             for at in range(EVERY, int(minutes * 60), EVERY):
                 time.sleep(max(0.0, start + at - time.monotonic()))
                 injected.append(next(faults))
-                name, inject = chaos.FAULTS[injected[-1]]
+                name, inject = common.FAULTS[injected[-1]]
                 print(f"{backend}: soak {at / 60:.0f} min: {name}", flush=True)
                 last = time.monotonic()
                 inject(bed, config, backend)
             time.sleep(max(0.0, start + minutes * 60 - time.monotonic()))
-            chaos.steady(load, last)
+            common.steady(load, last)
             after = memory(bed, watcher)
     finally:
         watcher.stop()
-        chaos.KEPT.mkdir(exist_ok=True)  # watch's lines, kept whatever the end
+        common.KEPT.mkdir(exist_ok=True)  # watch's lines, kept whatever the end
         said = "".join(f"+{t - began:7.1f} s {x}\n" for t, x in watcher.lines)
-        (chaos.KEPT / f"{backend}-soak.log").write_text(said)
+        (common.KEPT / f"{backend}-soak.log").write_text(said)
     try:
         up = serving(str(head.ip), key, limit=60) >= 0
     except RuntimeError:
         up = False
     tool("down", config)
     failed = [r for r in load.done if not r.ok]
-    clean = [r for r in failed if r.error and r.end - r.start <= chaos.WAIT + 5]
+    clean = [r for r in failed if r.error and r.end - r.start <= common.WAIT + 5]
     for r in failed[:SHOWN]:  # what each client saw, and when
         kind = "streamed" if r.streamed else "plain"
         print(f"{backend}: failed at {(r.start - start) / 60:.1f} min, {kind}: {r.error[:120]}")
@@ -128,3 +132,19 @@ def report(backend: str, s: Soak) -> list[str]:
             f"  {what:14} {first / 2**20:8.0f} -> {last / 2**20:8.0f} MiB {grew:+.1%}{mark}"
         )
     return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak")
+    parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
+    parser.add_argument("--minutes", type=float, default=30, help="a fault every 5 minutes")
+    args = parser.parse_args()
+    backends = ["native", "ray"] if args.backend == "both" else [args.backend]
+    with borrowed(2) as bed:
+        image = common.prepared(bed, DockerClient())
+        soaked = {b: soak(bed, b, args.minutes, image) for b in backends}
+    print("\n".join(line for b, s in soaked.items() for line in report(b, s)))
+
+
+if __name__ == "__main__":
+    main()

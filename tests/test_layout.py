@@ -99,3 +99,20 @@ def test_only_the_node_layer_reaches_an_engine() -> None:
         if ".docker[" in line or "DockerClient" in line
     ]
     assert reaching == []
+
+
+def test_the_benchmarks_import_no_benchmark_that_imports_them_back() -> None:
+    """Shared parts live in a module both sides import (benchmarks/common.py), never in a
+    benchmark another one imports and that imports it back."""
+    imports: dict[str, set[str]] = {}
+    for path in ROOT.glob("benchmarks/*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+                found.add((node.module or "").split(".")[1])
+        imports[path.stem] = found
+    both = sorted((a, b) for a, found in imports.items() for b in found
+                  if a in imports.get(b, set()))  # fmt: skip
+    assert both == []

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks import chaos
+from benchmarks import common
 from tests.support.load import MAX_RATE, Load
 
 
@@ -59,7 +59,7 @@ def test_a_load_that_meets_its_bound_in_count_stops_and_the_wait_for_answers_nam
     """Its clients stop sending at MAX_RATE requests a second of its length: a wait for steady
     answers then fails naming the load's bound, not the group (a soak's load used to stop at
     40,000 requests in silence, and its last fault read as never healed)."""
-    monkeypatch.setattr(chaos, "FAULT_LIMIT", 15)  # the wait's own bound, here
+    monkeypatch.setattr(common, "FAULT_LIMIT", 15)  # the wait's own bound, here
     load = Load(url, "key", "m", seconds=0.1)  # 5 requests at most, whatever the time
     with load.running(2):
         deadline = time.monotonic() + 10
@@ -67,7 +67,7 @@ def test_a_load_that_meets_its_bound_in_count_stops_and_the_wait_for_answers_nam
             time.sleep(0.05)
         assert load.spent() == f"the load's bound of {MAX_RATE * 0.1:.0f} requests (50 a second)"
         with pytest.raises(RuntimeError, match=r"the load's bound of 5 requests .* was met"):
-            chaos.steady(load, time.monotonic() - chaos.STEADY)
+            common.steady(load, time.monotonic() - common.STEADY)
     assert len(load.done) <= MAX_RATE * 0.1 + 1  # and those in flight when it was met
     assert all(r.ok for r in load.done), load.done  # the stand-in answered every one
 
