@@ -34,6 +34,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from benchmarks.common import serving, tool
+from benchmarks.report import Figure, record
 from tests.support import clusters, images
 from tests.support.testbed import MODELS, Node, borrowed
 
@@ -161,6 +162,7 @@ def _report(runs: dict[bool, list[Run]], timings: list[tuple[float, float]]) -> 
     door, direct = [r.figures for r in runs[False]], [r.figures for r in runs[True]]
     print("\nfront door against direct (median over the rounds):")
     pairs = list(zip(door, direct, strict=True))
+    figures = []
     for c in sorted(door[0]):
         rate = "output_throughput"
         ratio = statistics.median(d[c][rate] / x[c][rate] for d, x in pairs)
@@ -170,13 +172,32 @@ def _report(runs: dict[bool, list[Run]], timings: list[tuple[float, float]]) -> 
         )
         print(f"  concurrency {c:>3}: output tok/s {ratio:.3f}x direct (goal >= 0.98; door/direct"
               f" by round: {each}), median TTFT {ttft:+.1f} ms (goal <= +2)")  # fmt: skip
-    _cpu(runs)
+        figures += [
+            Figure(f"output tok/s, door / direct, at {c}", f"{ratio:.3f}x ({each})", ">= 0.98x",
+                   ratio >= 0.98),
+            Figure(f"median TTFT, door minus direct, at {c}", f"{ttft:+.1f} ms", "<= +2 ms",
+                   ttft <= 2),
+        ]  # fmt: skip
+    figures.append(Figure("the door's CPU a `bench`", _cpu(runs)))
     for added, revoked in timings:
         print(f"  keys: a new key answered {added:.2f} s after `keys add` began, refused"
               f" {revoked:.2f} s after `keys revoke` began (goal <= 5 s)")  # fmt: skip
+    adds, revokes = [t[0] for t in timings], [t[1] for t in timings]
+    figures += [
+        Figure("`keys add`, then a client let in", f"{min(adds):.2f} to {max(adds):.2f} s",
+               "<= 5 s", max(adds) <= 5),
+        Figure("`keys revoke`, then a client refused",
+               f"{min(revokes):.2f} to {max(revokes):.2f} s", "<= 5 s", max(revokes) <= 5),
+    ]  # fmt: skip
+    about = ("Real vLLM (CPU build, the tiny Llama, eager), TP=2 over two emulated nodes, the tool"
+             " at its defaults. `vllm-compose bench` through the door against `bench --direct`, in"
+             f" turn, {len(pairs)} rounds after an untimed one; then a key added and revoked,"
+             " timed to a client's first answer or refusal.")  # fmt: skip
+    goal = "tokens/s >= 0.98x direct, median TTFT <= +2 ms; a key change seen in <= 5 s"
+    record("The front door's cost and key changes", about, goal, figures)
 
 
-def _cpu(runs: dict[bool, list[Run]]) -> None:
+def _cpu(runs: dict[bool, list[Run]]) -> str:
     """Where the door's cost goes: the CPU it used, against serve's (vLLM on both nodes, and
     bench's client, which runs in the head's serve), per `bench` (median over the rounds)."""
 
@@ -191,6 +212,8 @@ def _cpu(runs: dict[bool, list[Run]]) -> None:
           f" direct), {door / tokens * 1e6:.0f} us a generated token; serve {serve:.1f} s through"
           f" the door, {serve_direct:.1f} s direct; the door's share of the two:"
           f" {door / (door + serve):.1%}")  # fmt: skip
+    return (f"{door:.2f} s, {door / tokens * 1e6:.0f} µs a generated token,"
+            f" {door / (door + serve):.1%} of the door's and serve's")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.report import Figure, record
 from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
@@ -171,10 +172,18 @@ def main() -> None:
     found = asyncio.run(rounds(haproxy, count))
     direct = statistics.median(found[DIRECT])
     print(f"\n{AT_ONCE} requests at once; median arrival at the stand-in ({count} rounds):")
+    figures = []
     for name, values in found.items():
         median = statistics.median(values)
         extra = "" if name == DIRECT else f"  (+{median - direct:.1f} ms against direct)"
         print(f"  {name:24} {median:6.1f} ms{extra}")
+        figures.append(Figure(name, f"{median:.1f} ms{extra.replace('  (', ' (')}"))
+    about = (
+        f"The door's HAProxy (the rendered configuration) and variants of it in front of a"
+        f" stand-in on loopback that answers at once; {AT_ONCE} requests sent at the same"
+        f" instant, each way, {count} rounds; the median arrival of a whole request."
+    )
+    record("A request's way in through the door", about, "none: where a burst's cost goes", figures)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
 from benchmarks.door_stream import KEY, MODEL, asked
+from benchmarks.report import Figure, record
 from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
 
@@ -150,6 +151,7 @@ def main() -> None:
     haproxy, count = arguments("door_latency", __doc__.splitlines()[0])
     found = asyncio.run(measured(haproxy, count))
     print(f"\nan event's delay, sent to received ({count} rounds, {_cores()} cores):")
+    figures = []
     for cores, ways in found.items():
         print(f"  cores {cores}" + (" (one busy loop each)" if cores == "busy" else ""))
         for streams in AT_ONCE:
@@ -163,6 +165,13 @@ def main() -> None:
                     extra = f"  (median {added[0]:+.0f} us, p99 {added[1]:+.0f} us)"
                 print(f"    {streams} at once, {way:9} median {median:7.0f} us, p99 {p99:7.0f} us"
                       f"{extra}")  # fmt: skip
+                said = f"{median:,.0f} / {p99:,.0f} µs{extra.replace('us', 'µs')}"
+                figures.append(Figure(f"cores {cores}, {streams} at once, {way}", said))
+    about = ("A stand-in in its own process stamps each streamed event; the client notes its"
+             " arrival, direct, through one door and through two (as a model behind a door on"
+             " another node); 1 and 8 streams, with the cores free, then each kept busy by a loop;"
+             f" {count} rounds.")  # fmt: skip
+    record("Each token's delay through the door", about, "none: the door's delay a token", figures)
 
 
 if __name__ == "__main__":

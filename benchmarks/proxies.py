@@ -40,6 +40,7 @@ from typing import Any
 
 from python_on_whales import DockerClient
 
+from benchmarks.report import Figure, record
 from generator.stack import doorfiles
 from tests.support import images
 from tests.support.load import Load
@@ -182,7 +183,7 @@ def bench(
     return result
 
 
-def cost(docker: DockerClient, model: Path, ports: dict[str, int], key: str) -> None:
+def cost(docker: DockerClient, model: Path, ports: dict[str, int], key: str) -> list[Figure]:
     """Each endpoint in turn, each concurrency, twice; ratios against direct in the same round."""
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for round_ in (1, 2):
@@ -194,6 +195,7 @@ def cost(docker: DockerClient, model: Path, ports: dict[str, int], key: str) -> 
                     f"{found['output_throughput']:.1f} tok/s, TTFT p50 "
                     f"{found['median_ttft_ms']:.2f} ms, failed {found['failed']}")  # fmt: skip
     say("\ncost, median of the two rounds (ratio and TTFT against direct):")
+    figures = []
     for concurrency in CONCURRENCIES:
         direct = rows[("direct", concurrency)]
         tps = statistics.median(r["output_throughput"] for r in direct)
@@ -204,9 +206,13 @@ def cost(docker: DockerClient, model: Path, ports: dict[str, int], key: str) -> 
             first = statistics.median(r["median_ttft_ms"] for r in runs)
             say(f"  concurrency {concurrency:2} {name:8} {mine:8.1f} tok/s ({mine / tps:.3f}x)"
                 f"  TTFT p50 {first:7.2f} ms ({first - ttft:+.2f} ms)")  # fmt: skip
+            if name != "direct":
+                said = f"{mine / tps:.3f}x direct's tok/s, TTFT p50 {first - ttft:+.1f} ms"
+                figures.append(Figure(f"{name} at concurrency {concurrency}", said))
+    return figures
 
 
-def restart(docker: DockerClient, port: int, key: str, name: str) -> None:
+def restart(docker: DockerClient, port: int, key: str, name: str) -> Figure:
     """4 clients through `port`, half of their requests streamed, while vLLM is killed and
     started again: what each kind of request saw."""
     load = Load(f"http://127.0.0.1:{port}/v1/chat/completions", key, NAME, timeout=HOLD,
@@ -229,6 +235,11 @@ def restart(docker: DockerClient, port: int, key: str, name: str) -> None:
             f"  {what}: {len(done)} requests, {len(failed)} failed {dict(kinds) or ''}, "
             f"longest answered {held:.1f} s"
         )
+    plain = [r for r in load.done if not r.streamed]
+    lost = sum(not r.ok for r in plain)
+    proxied = name != "direct"  # a proxy's goal: every non-streamed request held
+    return Figure(f"plain requests failed through a restart, {name}", f"{lost} of {len(plain)}",
+                  "0" if proxied else "", lost == 0 if proxied else None)  # fmt: skip
 
 
 def resident(pid: int) -> int:
@@ -265,11 +276,17 @@ def main() -> None:
             answers(HAPROXY_PORT, key, 60)
             answers(LITELLM_PORT, key, 120)
             ports = {"direct": VLLM_PORT, "haproxy": HAPROXY_PORT, "litellm": LITELLM_PORT}
-            cost(docker, model, ports, key)
-            say(f"resident memory after the cost runs: haproxy {resident(hp.pid)} MiB, "
-                f"litellm {resident(lp.pid)} MiB")  # fmt: skip
-            for name, port in ports.items():
-                restart(docker, port, key, name)
+            figures = cost(docker, model, ports, key)
+            memory = f"HAProxy {resident(hp.pid)} MiB, LiteLLM {resident(lp.pid)} MiB"
+            say(f"resident memory after the cost runs: {memory}")
+            figures.append(Figure("resident memory after the cost runs", memory))
+            figures += [restart(docker, port, key, name) for name, port in ports.items()]
+    about = ("One real vLLM (CPU build, the tiny Llama) on loopback; in front of it Debian's"
+             " HAProxy and LiteLLM's proxy, each set to hold requests for 150 s and check a key."
+             " Cost: `vllm bench serve` at each concurrency, two rounds, against direct; restart:"
+             " 4 clients while vLLM's container is killed and started again.")  # fmt: skip
+    goal = "hold every non-streamed request through a restart; cost within the noise of direct"
+    record("The front door's proxy: HAProxy against LiteLLM", about, goal, figures)
 
 
 if __name__ == "__main__":

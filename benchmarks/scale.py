@@ -34,6 +34,7 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from benchmarks.report import Figure, record
 from generator.nodes import clients
 from generator.nodes import images as distribution
 from tests.support import clusters, images
@@ -217,36 +218,89 @@ def main() -> None:
         calls = compose_call(bed.nodes[0], WORK / "compose" / f"scale{largest}" / bed.nodes[0].name)
         (one, one_cpu), (many, many_cpu) = fan_out(bed, image, 1), fan_out(bed, image, largest - 1)
         print(f"image to 1 node: {one:.1f} s; to {largest - 1}: {many:.1f} s", flush=True)
-    print()
-    print("| figure | measured | goal |")
-    print("| --- | --- | --- |")
+    figures = _figures(ups, sizes, preflight, (one, one_cpu), (many, many_cpu), calls)
+    print("\n| figure | measured | goal |\n| --- | --- | --- |")
+    for f in figures:
+        print(f"| {f.figure} | {f.measured} | {f.goal} |")
+    for n in sizes:
+        print(f"phases of up on {n}: {ups[n][1]}")
+    about = (
+        "The Ray stand-in image (real Ray 2.58; a stand-in for vLLM that waits for its"
+        f" placement group and answers) on {largest} emulated nodes on this machine. Floor:"
+        " the rendered folders started by hand with `docker compose up -d` on every node at"
+        " once. Memory: `up` and every process under it, sampled every 0.1 s."
+    )
+    goal = (
+        f"up on {largest} <= 1.3x up on 2; preflight <= 5 s; an image to n <= 1.5x to 1; <= 200 MB"
+    )
+    record(f"Scale: {', '.join(map(str, sizes))} nodes", about, goal, figures)
+
+
+def _figures(
+    ups: dict[int, tuple[float, str, Memory, float]],
+    sizes: list[int],
+    preflight: float,
+    to_one: tuple[float, float],
+    to_many: tuple[float, float],
+    calls: dict[str, tuple[float, float, int]],
+) -> list[Figure]:
+    largest, (one, one_cpu), (many, many_cpu) = sizes[-1], to_one, to_many
+    figures = []
     for n in sizes[1:]:
         took, base = ups[n][0], ups[2][0]
-        print(f"| up on {n} / up on 2 | {took:.1f} s / {base:.1f} s = {took / base:.2f} | <= 1.3 |")
+        said = f"{took:.1f} s / {base:.1f} s = {took / base:.2f}"
+        figures.append(Figure(f"`up` on {n} / on 2", said, "<= 1.3", took / base <= 1.3))
     for n in sizes:
         took, floor = ups[n][0], ups[n][3]
-        print(
-            f"| up on {n} / by hand on {n} | {took:.1f} s / {floor:.1f} s = {took / floor:.2f} | |"
+        figures.append(
+            Figure(
+                f"`up` on {n} / by hand on {n}",
+                f"{took:.1f} s / {floor:.1f} s = {took / floor:.2f}",
+            )
         )
-    print(f"| preflight on {largest} healthy nodes | {preflight:.1f} s | <= 5 s |")
+    figures.append(
+        Figure(
+            f"preflight on {largest} healthy nodes", f"{preflight:.1f} s", "<= 5 s", preflight <= 5
+        )
+    )
     ratio = f"{many:.1f} s / {one:.1f} s = {many / one:.2f}"
-    print(f"| image to {largest - 1} nodes / to 1 | {ratio} | <= 1.5 |")
+    figures.append(
+        Figure(f"an image to {largest - 1} nodes / to 1", ratio, "<= 1.5", many / one <= 1.5)
+    )
     # The machine's floor for the fan-out: its busy CPU seconds spread over every core.
     cores = os.cpu_count() or 1
     for n, took, cpu in ((1, one, one_cpu), (largest - 1, many, many_cpu)):
-        print(f"| image to {n}: CPU busy | {cpu:.1f} s ({cpu / took:.2f} of {cores} cores) | |")
+        figures.append(
+            Figure(f"an image to {n}: CPU busy", f"{cpu:.1f} s ({cpu / took:.2f} of {cores} cores)")
+        )
     floor = max(many_cpu / cores, one)
-    ratio = f"{many:.1f} s / {floor:.1f} s = {many / floor:.2f}"
-    print(f"| image to {largest - 1} / its CPU floor | {ratio} | |")
+    figures.append(
+        Figure(
+            f"an image to {largest - 1} / its CPU floor",
+            f"{many:.1f} s / {floor:.1f} s = {many / floor:.2f}",
+        )
+    )
     rss, pss, programs = ups[largest][2]
-    memory = f"{rss / 2**20:.0f} MiB RSS summed, {pss / 2**20:.0f} MiB PSS"
-    memory += f" (at the RSS peak: {programs})"
-    print(f"| controller and its CLIs, up on {largest} | {memory} | <= 200 MB |")
+    figures.append(
+        Figure(
+            f"the controller and its CLIs, `up` on {largest} (PSS)",
+            f"{pss / 2**20:.0f} MiB",
+            "<= 200 MB",
+            pss <= 200e6,
+        )
+    )
+    figures.append(
+        Figure(
+            "the same, RSS summed",
+            f"{rss / 2**20:.0f} MiB (at the peak: {programs})",
+            "<= 200 MB",
+            rss <= 200e6,
+        )
+    )
     for way, (took, cpu, rss) in calls.items():
         said = f"{took:.2f} s, {cpu:.2f} CPU s, {rss / 2**20:.0f} MiB RSS"
-        print(f"| a Compose call {way} | {said} | |")
-    for n in sizes:
-        print(f"phases of up on {n}: {ups[n][1]}")
+        figures.append(Figure(f"a Compose call {way}", said))
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""A soak: `python -m benchmarks.soak [--backend native|ray|both] [--minutes 30]`. The same
-cluster and load as the chaos benchmark's fault run (benchmarks/common.py), `watch` at its
-defaults for the whole of it, and a fault from the list every 5 minutes (never upgrade or
-rollback: they need watch stopped). At the end: every request accounted for (answered, or failed
-with an error within the clients' wait, WAIT: past the front door's hold), what each failed one
-saw, the group serves, and the resident memory of `watch` and of each container, taken after a
-minute of load and again at the end, with its growth. Watch's lines are kept in KEPT
-(BACKEND-soak.log). Bounded: the soak's minutes, then at most FAULT_LIMIT for the last fault to
-heal.
+"""A soak: `python -m benchmarks.soak [--backend native|ray|both] [--minutes 30]` (native by
+default). The same cluster and load as the chaos benchmark's fault run (benchmarks/common.py),
+`watch` at its defaults for the whole of it, and a fault from the list every 5 minutes (never
+upgrade or rollback: they need watch stopped). At the end: every request accounted for (answered,
+or failed with an error within the clients' wait, WAIT: past the front door's hold), what each
+failed one saw, the group serves, and the resident memory of `watch` and of each container,
+taken after a minute of load and again at the end, with its growth. Watch's lines are kept in
+KEPT (BACKEND-soak.log). Bounded: the soak's minutes, then at most FAULT_LIMIT for the last fault
+to heal.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from python_on_whales import DockerClient
 
 from benchmarks import common
 from benchmarks.common import serving, tool
+from benchmarks.report import Figure, record
 from tests.support import clusters, faults
 from tests.support.load import Load
 from tests.support.testbed import Testbed, borrowed
@@ -136,7 +137,7 @@ def report(backend: str, s: Soak) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak")
-    parser.add_argument("--backend", choices=["native", "ray", "both"], default="both")
+    parser.add_argument("--backend", choices=["native", "ray", "both"], default="native")
     parser.add_argument("--minutes", type=float, default=30, help="a fault every 5 minutes")
     args = parser.parse_args()
     backends = ["native", "ray"] if args.backend == "both" else [args.backend]
@@ -144,6 +145,32 @@ def main() -> None:
         image = common.prepared(bed, DockerClient())
         soaked = {b: soak(bed, b, args.minutes, image) for b in backends}
     print("\n".join(line for b, s in soaked.items() for line in report(b, s)))
+    about = (f"The chaos benchmark's cluster and load for {args.minutes:g} minutes through the"
+             " front door, `watch` at its defaults, a fault every 5 minutes. Every request"
+             " accounted for, and the resident memory of `watch` and each container after a"
+             " minute and at the end.")  # fmt: skip
+    figures = [f for b, s in soaked.items() for f in _figures(b, s)]
+    record("Soak", about, f"no request lost; memory growth < {GROWTH:.0%}", figures,
+           variant="" if args.backend == "native" else args.backend)  # fmt: skip
+
+
+def _figures(backend: str, s: Soak) -> list[Figure]:
+    failed = s.failed_clean + s.failed_unclean
+    figures = [
+        Figure(f"{backend}: faults", ", ".join(s.faults) or "none"),
+        Figure(f"{backend}: requests sent / answered", f"{s.sent:,} / {s.answered:,}"),
+        Figure(f"{backend}: failed (of them plain)", f"{failed} ({s.failed_plain})",
+               "no plain request fails", s.failed_plain == 0),
+        Figure(f"{backend}: failed with no error (lost)", str(s.failed_unclean), "0",
+               s.failed_unclean == 0),
+        Figure(f"{backend}: serving at the end", "yes" if s.serving else "no", "yes", s.serving),
+    ]  # fmt: skip
+    for what, (first, last) in sorted(s.memory.items()):
+        grew = (last - first) / first if first else 0.0
+        said = f"{first / 2**20:,.0f} -> {last / 2**20:,.0f} MiB ({grew:+.1%})"
+        figures.append(Figure(f"{backend}: memory of {what}", said, f"< {GROWTH:.0%}",
+                              grew < GROWTH))  # fmt: skip
+    return figures
 
 
 if __name__ == "__main__":

@@ -19,8 +19,11 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from benchmarks.report import Figure, record
 from tests.support import clusters, images
 from tests.support.testbed import Testbed, borrowed, sh
+
+GOAL = 5.0  # seconds to the named error, each fault
 
 WORK = Path("/tmp/vllm-compose-bench-errors")
 Fault = Callable[[Testbed, Path], contextlib.AbstractContextManager[None]]
@@ -153,7 +156,16 @@ def main() -> None:
     for name, took, first, n in rows:
         print(f"| {name} | {took:.1f} s | {first} ({n}) |")
     worst = max(took for name, took, _, _ in rows)
-    print(f"\nslowest: {worst:.1f} s (goal <= 5 s each)")
+    print(f"\nslowest: {worst:.1f} s (goal <= {GOAL:g} s each)")
+    figures = [
+        Figure(name, f"{took:.1f} s", f"<= {GOAL:g} s", took <= GOAL) for name, took, _, _ in rows
+    ]
+    about = (
+        "Three emulated nodes, the Ray stand-in image, a two-node config; one fault injected"
+        " at a time and undone after; timed from starting `vllm-compose preflight --json` to"
+        " its exit."
+    )
+    record("Time to the named error", about, f"each fault named in <= {GOAL:g} s", figures)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from benchmarks.report import Figure, record
 from tests.support import clusters, images
 from tests.support.testbed import IFNAME, MODELS, Node, borrowed
 
@@ -34,6 +35,7 @@ ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
 # the driver share this one machine.
 RAY_UTILIZATION = "0.1"
 WORK = Path("/tmp/vllm-compose-bench")
+GOAL = 1.10  # `up` / by hand
 
 
 def first_completion(ip: str, deadline: float, key: str | None = None) -> None:
@@ -172,6 +174,20 @@ def main() -> None:
     print(f"  ratio vllm-compose / by hand: {ours / floor:.2f}   (goal <= 1.10)")
     for i, phase in enumerate(phases):
         print(f"  phases, run {i + 1}: {phase}")
+    title = "Time to serve (Ray)" if backend == "ray" else "Time to serve (native)"
+    figures = [
+        Figure(f"by hand (median of {runs})", f"{floor:.1f} s ({_fmt(hand)})"),
+        Figure(f"`vllm-compose up` (median of {runs})", f"{ours:.1f} s ({_fmt(compose)})"),
+        Figure("`up` / by hand", f"{ours / floor:.2f}", "<= 1.10", ours / floor <= GOAL),
+        Figure("phases of `up`", phases[-1]),
+    ]
+    about = (
+        f"Real vLLM 0.32.0 (CPU build), {backend} backend, TP=2 over two emulated nodes, the tiny"
+        f" Llama: time to the first completion, `vllm-compose up` against by hand ({way})."
+    )
+    record(
+        title, about, "`up` / by hand <= 1.10", figures, variant="ray" if backend == "ray" else ""
+    )
 
 
 def _fmt(values: list[float]) -> str:

@@ -364,7 +364,7 @@ def test_an_hf_cache_snapshot_mounts_its_repo_folder_where_the_symlinks_point() 
 @pytest.mark.parametrize("name", ["sample", "four-node-pp", "native"])
 def test_compose_lint_finds_nothing_that_is_not_justified(name: str, tmp_path: Path) -> None:
     """compose-lint on every node's stack, down to low severity, with the project's suppressions
-    (.compose-lint.yml, each with its reason, mirrored in the README)."""
+    (.compose-lint.yml, each with its reason, mirrored in docs/security.md)."""
     output.apply(output.plan(rendered(name), tmp_path))
     files = sorted(str(p) for p in tmp_path.glob("*/compose.yaml"))
     result = subprocess.run(
