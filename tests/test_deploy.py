@@ -107,6 +107,8 @@ def test_a_worker_that_cannot_join_is_named_at_the_join_deadline(stack: Pair) ->
     assert "vllm-compose: waiting for the head at 192.168.200.12:29510" in result.stderr
     assert took < 20 + 60, f"took {took:.0f} s"
     assert containers(head, "nojoin") == {}  # rolled back
+    said = cli("status", config, cwd=tmp).stdout.splitlines()
+    assert said[1::2] == ["  no containers of c.yaml (vllm-compose up starts them)"] * 2, said
 
 
 def test_a_front_door_that_cannot_start_fails_up_before_the_model_loads(stack: Pair) -> None:

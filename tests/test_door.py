@@ -103,7 +103,8 @@ def test_an_up_rewrites_the_routes_to_the_doors_it_looked_at_and_keeps_what_it_d
         {"away": "a" * 64, "far": "f" * 64, "ours": "0" * 64},
     )
     text = doorfiles.routes_map(had.routes)
-    assert text == "away 8401\nfar 10.0.0.3:30002\nold 10.0.0.1:30000\n"
+    h = doorfiles.key  # each model by its name's hex: a map key HAProxy reads whole
+    assert text == f"{h('away')} 8401\n{h('far')} 10.0.0.3:30002\n{h('old')} 10.0.0.1:30000\n"
     assert doorfiles.read_routes(text + "a line of another shape\n") == had.routes
     seen = doorfiles.Known(
         [doorfiles.Route("away", 8401), doorfiles.Route("ours", 30000, "10.0.0.1")],

@@ -29,9 +29,11 @@ from tests.support.door import runnable
 
 # Below the ephemeral range (32768-60999): a retry to a closed port can never meet itself.
 PORT, UPSTREAMS = 31109, (31110, 31111)
+# A name HAProxy's map format would comment out and split: routed by its hex all the same.
+OTHER = "# other model"
 ROUTES = [
     doorfiles.Route("tiny", UPSTREAMS[0]),  # the door's own cluster's
-    doorfiles.Route("other", UPSTREAMS[1]),  # another cluster's on the node
+    doorfiles.Route(OTHER, UPSTREAMS[1]),  # another cluster's on the node
 ]
 KEY, ADMIN_KEY = "sk-alice", "the-configs-api-key"
 
@@ -184,7 +186,7 @@ def chat(model: str, key: str = KEY, **more: Any) -> tuple[int, Any, dict[str, s
 def test_a_known_key_reaches_its_models_backend_and_the_key_stays_at_the_door(door: None) -> None:
     servers = [upstream(port) for port in UPSTREAMS]
     try:
-        status, said, _ = chat("other")
+        status, said, _ = chat(OTHER)
         assert status == 200 and said["port"] == UPSTREAMS[1]
         assert said["authorization"] is None
         # No model named: the door's own cluster, the first route, as vLLM takes it.
@@ -206,7 +208,7 @@ def test_an_unknown_key_gets_401_and_an_unknown_model_openais_404(door: None) ->
     assert status == 404 and said["error"]["code"] == "model_not_found"
     assert said["error"]["message"] == 'The model no"such does not exist.'
     status, said, _ = send("/v1/models", None)
-    assert status == 200 and [m["id"] for m in said["data"]] == ["other", "tiny"]  # sorted
+    assert status == 200 and [m["id"] for m in said["data"]] == [OTHER, "tiny"]  # sorted
 
 
 def test_its_log_names_who_asked_for_which_model_one_line_each_and_never_a_key(
@@ -397,7 +399,7 @@ def test_a_request_is_held_until_its_backend_answers(door: None) -> None:
 
 def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
     start = time.monotonic()
-    status, said, headers = chat("other")
+    status, said, headers = chat(OTHER)
     assert time.monotonic() - start >= 3  # the fixture's hold
     assert status == 503 and said["error"]["type"] == "server_error"
     assert headers["retry-after"] == str(frontdoor.RETRY_AFTER)
@@ -415,7 +417,7 @@ def test_the_doors_own_errors_are_openais_shape_not_haproxys_html(door: None) ->
 
     threading.Thread(target=close_each, daemon=True).start()
     try:
-        status, said, _ = chat("other")  # tried again (empty answers), then HAProxy's 502
+        status, said, _ = chat(OTHER)  # tried again (empty answers), then HAProxy's 502
     finally:
         closing.shutdown(socket.SHUT_RDWR)  # wakes its accept, which holds the port otherwise
         closing.close()
@@ -455,7 +457,7 @@ def test_past_its_requests_per_minute_a_key_gets_429_and_the_admin_key_has_no_li
         server.server_close()
 
 
-def test_a_model_name_with_a_space_or_a_host_flag_is_refused_behind_the_door() -> None:
+def test_a_model_name_with_a_space_or_a_hash_is_served_and_a_control_character_refused() -> None:
     from generator import config
     from generator.base.errors import ConfigError
 
@@ -463,16 +465,16 @@ def test_a_model_name_with_a_space_or_a_host_flag_is_refused_behind_the_door() -
         "name: c\nimage: img:1\naccelerator: none\ninterface: eth1\n"
         "nodes: [{name: a, ip: 10.0.0.1, context: a}]\nmodel: {path: /models/m}\n"
     )
-    with pytest.raises(ConfigError) as spaced:
-        config.parse(base + "vllm: {served_model_name: my model}\n", "c.yaml")
-    assert "the front door routes by it" in str(spaced.value.problems)
+    for name in ("my model", "'#m'"):
+        opened = config.parse(base + f"vllm: {{served_model_name: {name}}}\n", "c.yaml")
+        assert doorfiles.routes_map([frontdoor.own(opened)]).count("\n") == 1
+    for name in ('"a\\0b"', '"a\\nb"', '"a\\tb"', "'-x'", "'a\u00e9'"):
+        with pytest.raises(ConfigError) as refused:
+            config.parse(base + f"vllm: {{served_model_name: {name}}}\n", "c.yaml")
+        assert "vllm.served_model_name" in str(refused.value.problems)
     with pytest.raises(ConfigError) as host:
         config.parse(base + "vllm: {args: [--host, 0.0.0.0]}\n", "c.yaml")
     assert "front_door.enabled" in str(host.value.problems)
-    opened = config.parse(
-        base + "front_door: {enabled: false}\nvllm: {served_model_name: a b}\n", "c.yaml"
-    )
-    assert opened.served_model_name == "a b"
 
 
 FAR_DOOR, HOLD = 31112, 3  # another node's door (on 127.0.0.2 of this loopback): cluster b's

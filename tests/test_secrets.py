@@ -80,7 +80,9 @@ def test_a_secret_file_may_live_anywhere_relative_to_the_config_or_absolute(
         / "front-door-peer-key",  # made from the API key too
         "front_door_peers": tmp_path / "c.state" / "front-door-peers",  # its own door's, to begin
     }
-    assert (tmp_path / "c.state" / "front-door-routes").read_text() == "/models/m 8400\n"
+    assert (
+        tmp_path / "c.state" / "front-door-routes"
+    ).read_text() == b"/models/m".hex() + " 8400\n"
     # Its key at the other doors shows nothing of the API key; they hold its hash alone.
     door_key = doorfiles.peer_key(b"k" * 40)
     assert (tmp_path / "c.state" / "front-door-peer-key").read_text() == f"door {door_key}\n"

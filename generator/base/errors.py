@@ -5,6 +5,7 @@ VllmComposeError            one line, plus an optional hint; cli.main() prints i
 ├── SecretFileError         a secret file the config names is unusable (exit 2, never shown)
 ├── OutputError             a rendered file could not be written
 ├── UnsafePath              a path refused before anything is written: a link, a system folder
+├── BadFile                 a file the tool reads is not of its shape (exit 2, its field named)
 ├── OptionError             a command's options refused before anything runs (exit 2)
 ├── DockerError             a Docker or Compose call failed on a node (keeps command and stderr)
 │   └── PhaseError          a bring-up phase failed or timed out on a node
@@ -56,6 +57,10 @@ class OutputError(VllmComposeError):
 
 
 class UnsafePath(VllmComposeError):
+    exit_code = 2
+
+
+class BadFile(VllmComposeError):
     exit_code = 2
 
 

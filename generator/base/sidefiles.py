@@ -14,11 +14,13 @@ never prints its contents.
 
 from __future__ import annotations
 
+import json
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from generator.base.errors import UnsafePath
+from generator.base.errors import BadFile, UnsafePath
 
 LIMIT = 1 << 20  # bytes: a config, lock or history entry is a few KiB
 STATE = "state"  # CONFIG-STEM.state/: the config's state folder
@@ -108,6 +110,27 @@ def read(path: Path, limit: int = LIMIT, follow: bool = False) -> str:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise UnsafePath(f"{path} is not UTF-8 text", "move it away") from None
+
+
+def read_json(path: Path, limit: int = LIMIT, what: str = "JSON") -> Any:
+    """The file's JSON (read as `read` does); BadFile (exit 2) naming the file when it is not
+    JSON, or nested too deep to read."""
+    text = read(path, limit)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadFile(f"{path}: nested too deep to be {what}", "move it away") from None
+    except json.JSONDecodeError as e:
+        raise BadFile(f"{path}: not {what} ({e.msg}, line {e.lineno})", "move it away") from None
+    except ValueError:  # a number of over 4300 digits
+        raise BadFile(f"{path}: not {what}", "move it away") from None
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """A value a user gave, fit to be printed in one line: escaped (no control character reaches
+    the terminal), cut at `limit` characters."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return repr(cut)
 
 
 def not_a_link(path: Path) -> Path:

@@ -177,6 +177,8 @@ def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) 
         out.print(_status_line(row))
         for s in row.services:
             out.print(f"  {s.service}: {s.state}{f', {s.health}' if s.health else ''}")
+        if not row.services and not row.error:
+            out.print(f"  no containers of {path.name} (vllm-compose up starts them)")
 
 
 def _status_line(row: observe.StatusRow) -> str:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from generator.base.errors import VllmComposeError
 from generator.cli.app import ConfigArg, OutdirOpt, app, err, out, progress
 from generator.nodes import keys as store
 from generator.operations import doorkeys
@@ -23,6 +24,7 @@ NameArg = Annotated[str, typer.Argument(help="Whose key: a name.", show_default=
 @keys.command("add", epilog="Example: vllm-compose keys add cluster.yaml alice")
 def add(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
     """Make a key for NAME, show it once, and let it in at the front door within seconds."""
+    doorkeys.checked(path, outdir)
     key = store.add(path, name)
     out.print(key)
     _pushed(path, outdir, f"{name}'s key")
@@ -31,6 +33,7 @@ def add(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
 @keys.command("revoke", epilog="Example: vllm-compose keys revoke cluster.yaml alice")
 def revoke(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
     """Refuse NAME's key at the front door within seconds; the others stay valid."""
+    doorkeys.checked(path, outdir)
     store.revoke(path, name)
     _pushed(path, outdir, f"{name}'s key revoked")
 
@@ -38,6 +41,7 @@ def revoke(path: ConfigArg, name: NameArg, outdir: OutdirOpt = None) -> None:
 @keys.command("ls", epilog="Example: vllm-compose keys ls cluster.yaml")
 def ls(path: ConfigArg) -> None:
     """The keys' names and when each was made (never a key)."""
+    doorkeys.checked(path, None)
     kept = store.read(path)
     if not kept:
         out.print(f"no keys (only the admin key); add one: vllm-compose keys add {path} NAME")
@@ -49,7 +53,12 @@ def ls(path: ConfigArg) -> None:
 
 
 def _pushed(path: Path, outdir: Path | None, what: str) -> None:
-    took = doorkeys.pushed(path, outdir, progress)
+    try:
+        took = doorkeys.pushed(path, outdir, progress)
+    except VllmComposeError as e:
+        kept = f"{what} is kept in the state folder; the next `up` brings it to the front door"
+        e.hint = f"{e.hint}; {kept}" if e.hint else kept
+        raise
     if took is None:
         err.print(f"{what}: kept in the state folder; the front door gets it at the next `up`")
     else:

@@ -26,6 +26,7 @@ from generator.config.sections import (
     IMAGE,
     NAME,
     SECRET_FILE,
+    SERVED_NAME,
     TEXT,
     Canary,
     Group,
@@ -178,6 +179,8 @@ _PATTERN_HINTS = {
     IMAGE: "expected an image reference like registry/name:tag or name@sha256:<digest>",
     ABS_PATH: "expected an absolute path without ':' or control characters",
     SECRET_FILE: "a file's path, relative to the config or absolute, without control characters",
+    SERVED_NAME: "a name without control characters (a line break, a tab, NUL), not starting"
+    " with '-'",
 }
 
 

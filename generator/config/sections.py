@@ -34,6 +34,8 @@ def _text(value: str) -> str:
 
 TEXT = AfterValidator(_text)
 ABS_PATH = r"^/[^\x00-\x1f:]*$"
+# Routed by its hex at the door (spaces, '#' are fine); not a flag on vLLM's command line.
+SERVED_NAME = r"^[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*$"
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -124,10 +126,11 @@ class Vllm(Strict):
     max_model_len: int | None = Field(
         default=None, ge=1, le=10_000_000, description="Maximum context length (default: model's)."
     )
-    served_model_name: str | None = Field(
+    served_model_name: Annotated[str, TEXT] | None = Field(
         default=None,
         min_length=1,
         max_length=256,
+        pattern=SERVED_NAME,
         description="Model name clients send in requests (default: the model path).",
     )
     safetensors_load_strategy: Literal["lazy", "eager"] | None = Field(

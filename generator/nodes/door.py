@@ -14,7 +14,7 @@ from generator.base import probes
 from generator.base.errors import DockerError, PhaseError, VllmComposeError, reason
 from generator.base.fanout import each
 from generator.config import Node
-from generator.nodes import secrets
+from generator.nodes import doorlocal, secrets
 from generator.nodes.fleet import DOWN_TIMEOUT, Fleet
 from generator.stack import SECRET_NAMES, claims, doorfiles, monitoring, secrets_folder
 
@@ -165,7 +165,7 @@ def _peers(fleet: Fleet, at: dict[str, str], known: dict[str, doorfiles.Known]) 
     file beside the config, every other's from its own line in its peers' map on its node
     (which its `up` wrote)."""
     peers = {c: known[c].peers[c] for c in at if c in known[c].peers}
-    own = secrets.peer_hash(fleet.secret_files)
+    own = doorlocal.peer_hash(fleet.secret_files)
     if fleet.cluster.name in at and own:
         peers[fleet.cluster.name] = own
     return peers

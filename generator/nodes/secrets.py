@@ -25,12 +25,10 @@ from python_on_whales.utils import run
 from generator.base import sidefiles
 from generator.base.errors import DockerError, SecretFileError
 from generator.config import Cluster
-from generator.nodes import keys
-from generator.stack import SECRET_NAMES, doorfiles, frontdoor, secret_names, secrets_folder
-from generator.stack.output import write_atomic
+from generator.nodes import doorlocal
+from generator.stack import SECRET_NAMES, doorfiles, secret_names, secrets_folder
 
-DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file, not read from a file
-PEER_KEY = "front_door_peer_key"  # made from the API key
+DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file (nodes/doorlocal.py)
 # Read by their containers each time they are used, so written in place (a bind-mounted file's
 # new inode would stay unseen): behind the front door, none restarts a service.
 IN_PLACE = (*doorfiles.FILES, "api_key")
@@ -50,11 +48,13 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     listed as missing."""
     folder = config.resolve().parent
     found = Local({}, {}, {})
+    if DOOR_KEYS in secret_names(cluster):
+        doorlocal.readable(config)  # before any secret is generated
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
     for name in secret_names(cluster):
         if name in doorfiles.FILES:
-            continue  # made (_door_keys, _door_routes)
+            continue  # made (doorlocal)
         given = named[name]
         path = folder / Path(given).expanduser() if given else _default(folder / config.name, name)
         if path.exists():
@@ -72,8 +72,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
         _usable(name, path)
     _distinct(found.files)
     if DOOR_KEYS in secret_names(cluster):
-        _door_keys(config, found, generate)
-        _door_routes(config, cluster, found, generate)
+        doorlocal.made(config, cluster, found.files, found.missing, generate)
     return found
 
 
@@ -91,49 +90,6 @@ def newer(names: list[str], started: datetime, changed: dict[str, float], door: 
     ones are read when used)."""
     live = IN_PLACE if door else ()
     return [n for n in names if n not in live and started.timestamp() < changed.get(n, 0)]
-
-
-def _door_keys(config: Path, found: Local, generate: bool) -> None:
-    """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
-    config (mode 0600) when it changed; never a key itself. And its key at the other doors on
-    the nodes (doorfiles.peer_key: made from the API key, as its only secret)."""
-    key = found.files.get("api_key")
-    text = peer = None
-    if key is not None and generate:
-        api_key = key.read_bytes().rstrip(b"\n")
-        digest = doorfiles.hashed(api_key)
-        text = doorfiles.keys_map(keys.hashes(config) | {doorfiles.ADMIN: digest})
-        peer = doorfiles.peer_key_map(doorfiles.peer_key(api_key))
-    _made(config, found, DOOR_KEYS, text)
-    _made(config, found, PEER_KEY, peer)
-
-
-def _door_routes(config: Path, cluster: Cluster, found: Local, generate: bool) -> None:
-    """The front door's routes, model list and peers, as they start: its own cluster's model and
-    door alone (nodes/door.py writes every cluster's on the nodes once the door runs)."""
-    own = peer_hash(found.files)
-    peers = {cluster.name: own} if own else {}
-    for name, text in doorfiles.route_files([frontdoor.own(cluster)], peers).items():
-        _made(config, found, name, text if generate else None)
-
-
-def peer_hash(files: dict[str, Path]) -> str | None:
-    """The hash of the door's key at the other doors (its line in their peers' maps), from its
-    file in the state folder (`files`: the secrets found); None when there is none yet."""
-    path = files.get(PEER_KEY)
-    if path is None:
-        return None
-    key = path.read_text(encoding="utf-8").split()[-1]
-    return doorfiles.hashed(key)
-
-
-def _made(config: Path, found: Local, name: str, text: str | None) -> None:
-    """A made file in the state folder: written (mode 0600) when `text` is not what it holds
-    (None: not made now), then listed as found, or as missing when there is none."""
-    path = sidefiles.Beside(config).named(SECRET_NAMES[name])
-    if text is not None and (not path.exists() or path.read_text(encoding="utf-8") != text):
-        write_atomic(sidefiles.ready(path), text, 0o600)
-    (found.files if path.exists() else found.missing)[name] = path
 
 
 def _default(config: Path, name: str) -> Path:

@@ -6,9 +6,23 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from generator import config
+from generator.base.errors import OptionError
 from generator.base.fanout import Report
 from generator.nodes import door
 from generator.operations import workflow
+
+
+def checked(path: Path, outdir: Path | None) -> None:
+    """Before a key is made, shown, changed or listed: the config reads, its front door is on,
+    and its output folder is one the tool may write (exit 2 otherwise, nothing changed)."""
+    cluster = config.load(path)
+    if not cluster.front_door.enabled:
+        raise OptionError(
+            f"keys: {path} has front_door.enabled: false; no front door takes keys",
+            "remove that setting (the door is on by default), then vllm-compose up",
+        )
+    workflow.folder_for(cluster, outdir)
 
 
 def pushed(path: Path, outdir: Path | None, report: Report) -> float | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
+import re
 from dataclasses import dataclass
 
 ADMIN = "admin"  # the config's API key's name in the keys' map: no limits
@@ -15,6 +17,9 @@ ROUTE_FILES = ("front_door_routes", "front_door_models", "front_door_peers")
 FILES = ("front_door_keys", "front_door_peer_key", *ROUTE_FILES)
 PEER = "door:"  # a door's name in the peers' map, before its cluster's (no key's name has ':')
 LOCAL = "127.0.0.1"
+HASH = re.compile(r"[0-9a-f]{64}")  # a key's SHA-256, as the maps hold it
+CLUSTER = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")  # a cluster's name (config.sections.NAME)
+KEY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # a user's key's name (nodes/keys.py)
 
 
 @dataclass(frozen=True)
@@ -30,17 +35,28 @@ class Route:
 
 
 def routes_map(routes: list[Route]) -> str:
-    """model -> port or HOST:PORT, one per line (HAProxy's map format: the key ends at the first
-    space, so a model name with a space cannot be routed; config rules refuse one)."""
-    return "".join(f"{r.model} {r.target}\n" for r in sorted(routes, key=lambda r: r.model))
+    """model -> port or HOST:PORT, one per line. The key is the model's name in hex (UTF-8): a
+    name HAProxy's map format would split (a space), comment out (a leading '#') or end (a line
+    break) is routed all the same; the door looks the request's model up as `hex,lower`."""
+    return "".join(f"{key(r.model)} {r.target}\n" for r in _usable(routes))
+
+
+def _usable(routes: list[Route]) -> list[Route]:
+    """The routes a door may hold, by model: each read from a node's labels or files is checked
+    here, once, against what the maps and the model list can carry."""
+    kept = [r for r in routes if _model(key(r.model)) == r.model and _target(
+        "" if r.host == LOCAL else r.host, str(r.port))]  # fmt: skip
+    return sorted(kept, key=lambda r: r.model)
+
+
+def key(model: str) -> str:
+    """A model's key in the routes' map."""
+    return model.encode("utf-8", "surrogatepass").hex()
 
 
 def model_list(routes: list[Route]) -> str:
     """/v1/models' answer: every model behind the front door."""
-    data = [
-        {"id": r.model, "object": "model", "owned_by": "vllm"}
-        for r in sorted(routes, key=lambda r: r.model)
-    ]
+    data = [{"id": r.model, "object": "model", "owned_by": "vllm"} for r in _usable(routes)]
     return json.dumps({"object": "list", "data": data}) + "\n"
 
 
@@ -68,8 +84,10 @@ def hashed(key: str | bytes) -> str:
 
 
 def peers_map(peers: dict[str, str]) -> str:
-    """hash -> door:CLUSTER, one per line: each door on the nodes, let in as a door."""
-    return "".join(f"{digest} {PEER}{cluster}\n" for cluster, digest in sorted(peers.items()))
+    """hash -> door:CLUSTER, one per line: each door on the nodes, let in as a door (a cluster's
+    name or hash that is not of their shape is left out: no line of it reaches the map)."""
+    kept = {c: h for c, h in peers.items() if CLUSTER.fullmatch(c) and HASH.fullmatch(h)}
+    return "".join(f"{digest} {PEER}{cluster}\n" for cluster, digest in sorted(kept.items()))
 
 
 def read_peers(text: str) -> dict[str, str]:
@@ -77,25 +95,51 @@ def read_peers(text: str) -> dict[str, str]:
     found = {}
     for line in text.splitlines():
         digest, _, name = line.partition(" ")
-        if name.startswith(PEER) and len(digest) == 64:
-            found[name.removeprefix(PEER)] = digest
+        cluster = name.removeprefix(PEER)
+        if name.startswith(PEER) and HASH.fullmatch(digest) and CLUSTER.fullmatch(cluster):
+            found[cluster] = digest
     return found
 
 
 def keys_map(hashes: dict[str, str]) -> str:
-    """hash -> key name, one per line."""
+    """hash -> key name, one per line; a name or hash that could break a line of the map, or name
+    a door, is refused (nodes/keys.py checks the keys file's own first)."""
+    for name, digest in hashes.items():
+        if not (KEY_NAME.fullmatch(name) and HASH.fullmatch(digest)):
+            raise ValueError(f"not a key of the door's map: {name!r}")
     return "".join(f"{digest} {name}\n" for name, digest in sorted(hashes.items()))
 
 
 def read_routes(text: str) -> list[Route]:
-    """routes_map's lines back (a line of another shape is skipped)."""
+    """routes_map's lines back; a line of another shape is skipped: a key that is not a model
+    name's hex, a target that is not a port or IPv4:PORT (read from a node, never trusted)."""
     found = []
     for line in text.splitlines():
-        model, _, target = line.partition(" ")
+        hexed, _, target = line.partition(" ")
+        model = _model(hexed)
         host, _, port = target.rpartition(":")
-        if port.isdigit():
+        if model is not None and _target(host, port):
             found.append(Route(model, int(port), host or LOCAL))
     return found
+
+
+def _model(hexed: str) -> str | None:
+    """The model name a routes' map key holds; None when it holds none a route may name."""
+    try:
+        model = bytes.fromhex(hexed).decode("utf-8")
+    except ValueError:
+        return None
+    printable = model.isprintable() or all(ch.isprintable() or ch == " " for ch in model)
+    return model if 0 < len(model) <= 256 and printable else None
+
+
+def _target(host: str, port: str) -> bool:
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return False
+    try:
+        return not host or ipaddress.IPv4Address(host).version == 4
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         f"    http-request set-var({doorusage.ASKED})"
         " req.body,json_query('$.stream_options.include_usage')",
         *(_ask() if counted else []),
-        f"    http-request set-var(txn.route) var(txn.model),map({ROUTES})",
+        f"    http-request set-var(txn.route) var(txn.model),hex,lower,map({ROUTES})",
         "    use_backend doors if { var(txn.route) -m sub : }",
         "    use_backend models if { var(txn.route) -m found }",
         "    use_backend unknown if { var(txn.model) -m found }",
