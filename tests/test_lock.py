@@ -24,7 +24,7 @@ ID = "sha256:" + "a" * 64
 
 
 def locked(files: dict[str, dict[str, object]] | None = None) -> lock.Lock:
-    model = {"revision": None, "files": files or {"a.bin": {"size": 3, "sha256": "x"}}}
+    model = {"revision": None, "files": files or {"a.bin": {"size": 3, "sha256": "1" * 64}}}
     return lock.make(CLUSTER, ID, [], {"vllm": "0.32.0"}, model)
 
 
@@ -57,7 +57,9 @@ def test_image_drift_names_the_node_and_ignores_nodes_that_lack_it() -> None:
 
 
 def test_model_drift_by_names_and_sizes() -> None:
-    entry = locked({"a.bin": {"size": 3, "sha256": "x"}, "b.bin": {"size": 5, "sha256": "y"}})
+    entry = locked(
+        {"a.bin": {"size": 3, "sha256": "1" * 64}, "b.bin": {"size": 5, "sha256": "2" * 64}}
+    )
     path = CLUSTER.model.path
     assert lock.model_drift(entry, "n", {"a.bin": 3, "b.bin": 5}) == []
     assert lock.model_drift(entry, "n", {"a.bin": 4}) == [

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from generator import config
 from generator.base import sidefiles
-from generator.base.errors import VllmComposeError, reason
+from generator.base.errors import OptionError, VllmComposeError, reason
 from generator.cli.live import Progress
 from generator.nodes import secrets
 from generator.operations import watch as watching
@@ -38,7 +38,13 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 def state_moved(path: Path) -> Path:
     """An earlier version's side files beside the config moved into its state folder, said in one
-    line; only for a config that loads (the command itself names what is wrong with one)."""
+    line; only for a config that loads (the command itself names what is wrong with one). A
+    config whose file name is not UTF-8 is refused first: no file the tool writes could name it."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise OptionError(f"{sidefiles.shown(str(path), 80)}: the config's file name is not UTF-8",
+                          "rename it") from None  # fmt: skip
     try:
         c = config.load(path)
     except (VllmComposeError, OSError):

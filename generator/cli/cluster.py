@@ -13,10 +13,11 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
-from generator.base.errors import DockerError, VllmComposeError
+from generator.base.errors import DockerError, OptionError, VllmComposeError
 from generator.cli.app import (
     DEFAULT,
     HOUR,
+    POLICY_OPTIONS,
     ConfigArg,
     JsonOpt,
     OutdirOpt,
@@ -52,6 +53,7 @@ AndWatchOpt = Annotated[
 @app.command()
 @with_policy
 def up(
+    ctx: typer.Context,
     path: ConfigArg,
     outdir: OutdirOpt = None,
     join_timeout: Annotated[
@@ -72,6 +74,11 @@ def up(
     """Render, preflight, then start every node over its context: head's Ray, workers' Ray,
     serve. A start phase that fails takes the group down again. With a lock beside the config,
     the locked image and model or an error."""
+    given = [n for n in POLICY_OPTIONS if _given(ctx, n)]
+    if given and not and_watch:
+        flag = "--" + given[0].replace("_", "-")
+        raise OptionError(f"up {flag}: it sets how watch runs, and up runs no watch without"
+                          " --watch", f"add --watch, or leave {flag} out")  # fmt: skip
     timeouts = Timeouts(join=join_timeout, serve=serve_timeout)
     opened = open_config(
         path, outdir, strict=True, update_lock=update_lock, with_secrets=True, timeouts=timeouts
@@ -83,6 +90,12 @@ def up(
     served(result)
     if and_watch:
         _watch(opened, policy)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Was option `name` on the command line (not its default)?"""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 @app.command()
@@ -232,6 +245,9 @@ def top(
     """A live view, one row per node: its containers and their health, CPU and memory, GPUs; and
     the endpoint's requests running and waiting, KV-cache use, prompt and generated tokens per
     second. Ctrl-C ends it. --once --json for scripts (the rates over one second)."""
+    if as_json and not once:
+        raise OptionError("top --json: the live view is for a terminal; --json goes with --once",
+                          f"vllm-compose top {path} --once --json")  # fmt: skip
     fleet = open_config(path, outdir).fleet
     _, before = top_view.sample(fleet, None, 1)
     taken = time.monotonic()

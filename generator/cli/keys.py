@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from python_on_whales import DockerException
 
-from generator.base.errors import VllmComposeError
+from generator.base.errors import VllmComposeError, reason
 from generator.cli.app import ConfigArg, OutdirOpt, app, err, out, progress
 from generator.nodes import keys as store
 from generator.operations import doorkeys
@@ -53,10 +54,12 @@ def ls(path: ConfigArg) -> None:
 
 
 def _pushed(path: Path, outdir: Path | None, what: str) -> None:
+    kept = f"{what} is kept in the state folder; the next `up` brings it to the front door"
     try:
         took = doorkeys.pushed(path, outdir, progress)
+    except DockerException as e:
+        raise VllmComposeError(f"front door: not told: {reason(e)}", kept) from None
     except VllmComposeError as e:
-        kept = f"{what} is kept in the state folder; the next `up` brings it to the front door"
         e.hint = f"{e.hint}; {kept}" if e.hint else kept
         raise
     if took is None:

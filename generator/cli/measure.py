@@ -60,6 +60,7 @@ def bench(
     of TTFT and TPOT percentiles, throughput and failed requests; kept as JSON and a
     throughput-latency plot (PNG) per lock in the state folder. Exits 1 when any request failed
     (the run is kept, marked failed, and never compared with)."""
+    benchruns.before_asking(path, compare, direct, prefix, input_len)
     opened = open_config(path, outdir)
     fleet, c = opened.fleet, opened.cluster
     lengths = benchmark.fit(input_len, output_len, served.context(fleet, "bench"))
@@ -137,10 +138,10 @@ def check(
     the tokens recorded beside the config (the first check records them); a prompt of exactly
     the model's context answered and one token more refused; the tool-call and reasoning
     parsers, when the args name them. Exits 1 when a gate fails."""
+    before = None if record else gate.recorded(path)  # refused before any engine is asked
     opened = open_config(path, outdir)
     opened.fleet.report("check: asking the served model")
     found = gate.ask(opened.fleet)
-    before = None if record else gate.recorded(path)
     verdicts = gate.judge(found, before)
     if before is None and verdicts[0].ok:  # only answers that repeat are worth keeping
         said = "replaced" if gate.path_for(path).exists() else "recorded"

@@ -51,6 +51,7 @@ NAMED_FLAGS = {
     "--host": "front_door.enabled (behind the front door vLLM listens on loopback)",
 }
 SECRET_FLAGS = ("--api-key", "--hf-token")
+RAY_METRICS = "RAY_enable_metrics_collection"  # off unless metrics.ray_port (ports.py)
 
 
 def problems(c: Cluster) -> list[str]:
@@ -130,14 +131,23 @@ def _not_a_node_address(ip: IPv4Address, alone: bool) -> str | None:
 
 
 def _metrics_problems(c: Cluster) -> list[str]:
-    listen = c.metrics.listen if c.metrics else None
+    if c.metrics is None:
+        return []
+    listen, found = c.metrics.listen, []
     other = next((n for n in c.workers if n.ip == listen), None)
     if other:
-        return [
+        found.append(
             f"metrics.listen: {listen} is node '{other.name}''s address; Prometheus runs on the"
             f" head ({c.head.ip})"
-        ]
-    return []
+        )
+    if listen and (listen.is_multicast or listen.is_reserved or listen.is_link_local
+                   or listen == IPv4Address("255.255.255.255")):  # fmt: skip
+        found.append(f"metrics.listen: {listen} is no address to listen on; the head's private IP"
+                     " (the default) or 0.0.0.0")  # fmt: skip
+    if c.metrics.ray_port and c.backend != "ray":
+        found.append("metrics.ray_port: backend native runs no Ray, so nothing would export there;"
+                     " leave it out")  # fmt: skip
+    return found
 
 
 def _parallel_problems(c: Cluster) -> list[str]:
@@ -277,6 +287,11 @@ def warnings(c: Cluster) -> list[str]:
     if listen and (listen.is_unspecified or not listen.is_private):
         where = "every address of the head" if listen.is_unspecified else "a public address"
         found.append(f"metrics.listen: {listen}; Prometheus answers on {where}, unauthenticated")
+    if c.env.get(RAY_METRICS, "false").lower() not in ("false", "0"):
+        found.append(
+            f"env.{RAY_METRICS}: on; each Ray node then exports metrics on a random port of every"
+            " address (metrics.ray_port asks for them on a port of its own)"
+        )
     if any(_meant(_flag(arg), "--trust-remote-code") for arg in c.vllm.args):
         found.append("vllm.args: --trust-remote-code runs code from the model repository")
     return found

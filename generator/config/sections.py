@@ -161,7 +161,10 @@ class Ray(Strict):
         "two digits of `vllm.port`; Ray's other ports follow the slot too).",
     )
     object_store_memory: int | None = Field(
-        default=None, ge=78643200, description="Bytes for Ray's object store (default: profile's)."
+        default=None,
+        ge=78643200,
+        le=1 << 44,
+        description="Bytes for Ray's object store, 75 MiB to 16 TiB (default: profile's).",
     )
     dashboard: bool = Field(default=False, description="Run Ray's dashboard (off: no open port).")
     token_auth: bool = Field(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from generator.base import sidefiles
-from generator.base.errors import VllmComposeError
+from generator.base.errors import OptionError, VllmComposeError
 from generator.operations import lock
 from generator.operations.bench import Sweep
 
@@ -77,6 +77,19 @@ def plot(results: list[dict[str, Any]], path: Path, heading: str) -> None:
     pyplot.close(figure)
 
 
+def before_asking(
+    config: Path, compare: bool, direct: bool, prefix: bool, input_len: int | None
+) -> None:
+    """What `bench` can refuse before it asks an engine anything (exit 2): its runs' folder a
+    link, `--compare` with no run to compare with, `--prefix` with prompts too short to share."""
+    sidefiles.not_a_link(sidefiles.not_a_link(sidefiles.Beside(config).state) / "bench")
+    if prefix and input_len is not None and input_len * 3 // 4 < 1:
+        raise OptionError(f"--prefix --input-len {input_len}: prompts that short share no prefix",
+                          "--input-len 4 or more (three quarters of it are shared)")  # fmt: skip
+    if compare:
+        previous(config, lock.read(config), direct)
+
+
 def previous(config: Path, locked: lock.Lock | None, direct: bool = False) -> dict[str, Any]:
     """The latest run with no failed request under another lock (the one before), measured the
     same way (`direct`: past the front door)."""
@@ -86,20 +99,25 @@ def previous(config: Path, locked: lock.Lock | None, direct: bool = False) -> di
         found = None if sidefiles.problem(path) else _clean(path)
         if found is not None and found["sweep"].get("direct", False) == direct:
             return found
-    raise VllmComposeError(
-        f"{config}: no run without failed requests under another lock to compare with",
+    raise OptionError(
+        f"bench --compare: {config}: no run without failed requests under another lock to"
+        " compare with",
         hint="run `vllm-compose bench` before the upgrade, then again after it",
     )
 
 
 def _clean(path: Path) -> dict[str, Any] | None:
-    """The run kept at `path`, or None when it failed a request or cannot be read."""
+    """The run kept at `path`, or None when it failed a request or is not a run of ours (a link,
+    too large, not JSON, not of its shape): never a baseline."""
     try:
-        run_: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # unreadable: never a baseline
-    failed = run_.get("failed") or any(r.get("failed") for r in run_.get("results", []))
-    return None if failed else run_
+        run_ = sidefiles.read_json(path)
+        results = run_["results"]
+        failed = run_.get("failed") or any(r.get("failed") for r in results)
+        valid = isinstance(run_["sweep"], dict) and all(
+            isinstance(r["max_concurrency"], int) for r in results)  # fmt: skip
+    except (OSError, VllmComposeError, KeyError, TypeError, AttributeError):
+        return None
+    return None if failed or not valid else dict(run_)
 
 
 def changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from python_on_whales import DockerException
 
 from generator.base import probes, sidefiles
-from generator.base.errors import PhaseError, reason
+from generator.base.errors import BadFile, PhaseError, reason
 from generator.config import ports
 from generator.nodes import served
 from generator.nodes.fleet import Fleet
@@ -132,11 +132,40 @@ def path_for(config: Path) -> Path:
 
 
 def recorded(config: Path) -> dict[str, Any] | None:
+    """The golden answers `check` recorded; None when there are none. Read (and refused: a link,
+    over 1 MiB, not JSON, not of their shape; exit 2) before any engine is asked."""
     path = path_for(config)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    found: dict[str, Any] = json.loads(sidefiles.read(path))
-    return found
+    found = sidefiles.read_json(path, what="golden answers")
+    if not _shaped(found):
+        raise BadFile(
+            f'{path}: not golden answers ({{"prompts": [text], "answers": [{{"status",'
+            ' "ids", "tokens"}]}, one answer per prompt)',
+            f"move it away; `vllm-compose check {config}` records them again",
+        )
+    return dict(found)
+
+
+def _shaped(found: Any) -> bool:
+    if not isinstance(found, dict):
+        return False
+    prompts, answers = found.get("prompts"), found.get("answers")
+    if not isinstance(prompts, list) or not isinstance(answers, list):
+        return False
+    if len(prompts) != len(answers) or not all(isinstance(p, str) for p in prompts):
+        return False
+    return all(_answer(a) for a in answers)
+
+
+def _answer(a: Any) -> bool:
+    if not isinstance(a, dict) or not isinstance(a.get("status"), int):
+        return False
+    if a["status"] != 200:
+        return True
+    ids, tokens = a.get("ids"), a.get("tokens")
+    return (isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+            and isinstance(tokens, list) and all(isinstance(t, str) for t in tokens))  # fmt: skip
 
 
 def record(config: Path, found: dict[str, Any], locked: lock.Lock | None) -> Path:

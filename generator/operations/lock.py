@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from python_on_whales import Image
 
 from generator import __version__
@@ -21,31 +21,51 @@ from generator.base import probes, sidefiles
 from generator.base.errors import ConfigError, DriftError
 from generator.base.manifest import differences
 from generator.config import Cluster, ports, validation
+from generator.config.sections import ABS_PATH, IMAGE
 from generator.nodes.fleet import Fleet
 from generator.stack import slots
 from generator.stack.output import write_atomic
 from generator.stack.render import wrapper_tag
 
+IMAGE_ID = r"^sha256:[0-9a-f]{64}$"
+DIGEST = r"^[^\x00-\x20@]{1,255}@sha256:[0-9a-f]{64}$"  # a repo digest: NAME@sha256:HEX
+
 
 class LockedImage(BaseModel):
-    ref: str
-    id: str
-    digests: list[str]
+    ref: str = Field(pattern=IMAGE)
+    id: str = Field(pattern=IMAGE_ID)
+    digests: list[Annotated[str, Field(pattern=DIGEST)]]
 
 
 class LockedWrapper(BaseModel):
-    tag: str
+    tag: str = Field(pattern=IMAGE)
 
 
 class LockedFile(BaseModel):
-    size: int
-    sha256: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class LockedModel(BaseModel):
-    path: str
-    revision: str | None
+    path: str = Field(pattern=ABS_PATH)
+    revision: str | None = Field(default=None, pattern=r"^[0-9A-Za-z._-]{1,128}$")
     files: dict[str, LockedFile]
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, files: dict[str, LockedFile]) -> dict[str, LockedFile]:
+        """Each file a path under the model's folder: relative, no '..', no control character."""
+        for name in files:
+            parts = name.split("/")
+            if (
+                not name
+                or name.startswith("/")
+                or ".." in parts
+                or "" in parts
+                or any(ord(c) < 0x20 or c == "\x7f" for c in name)
+            ):
+                raise ValueError(f"{name!r} is not a file under the model's folder")
+        return files
 
 
 class Lock(BaseModel):
@@ -68,12 +88,14 @@ def path_for(config: Path) -> Path:
 def read(config: Path) -> Lock | None:
     """The config's lock; None when it has none."""
     path = path_for(config)
-    return read_file(path) if path.exists() else None
+    return read_file(path) if path.exists() or path.is_symlink() else None
 
 
 def read_file(path: Path) -> Lock:
     try:
         data = json.loads(sidefiles.read(path))
+    except RecursionError:
+        raise ConfigError(str(path), ["not a readable lock: nested too deep"]) from None
     except (OSError, ValueError) as e:
         raise ConfigError(str(path), [f"not a readable lock: {e}"]) from None
     try:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from python_on_whales import DockerException
 
@@ -51,6 +52,7 @@ def upgrade(path: Path, open_: Open, accept_changed_answers: bool = False) -> Sw
             hint=f"start it with: vllm-compose up {path}",
         )
     config.load(path)  # an invalid config is refused here: nothing rendered, generated or asked
+    before = gate.recorded(path)  # so are golden answers that cannot be read
     result = Result()
     with contextlib.ExitStack() as stack:
         try:  # re-lock and render (opening), then stage: the old group serves on meanwhile
@@ -59,7 +61,8 @@ def upgrade(path: Path, open_: Open, accept_changed_answers: bool = False) -> Sw
         except (VllmComposeError, DockerException):
             _restore_files(path, previous, open_)
             raise
-        return _switch(path, staged, result, previous, open_, accept_changed_answers)
+        canary = Canary(before, accept_changed_answers)
+        return _switch(path, staged, result, previous, open_, canary)
 
 
 def rollback(path: Path, open_: Open) -> Switched:
@@ -82,7 +85,7 @@ def _switch(
     result: Result,
     previous: history.Entry,
     open_: Open,
-    accept: bool,
+    canary: Canary,
 ) -> Switched:
     fleet = staged.fleet
     start = time.monotonic()
@@ -91,7 +94,7 @@ def _switch(
         door.group_down(fleet, stop=SWITCH_STOP)
         staged.deployment.start(result)
         golden(staged)
-        answers(path, staged, accept)
+        answers(path, staged, canary)
     except (VllmComposeError, DockerException) as e:
         if isinstance(e, PhaseError) and e.phase == "canary":
             staged.deployment.take_down("canary failed", "taken down")
@@ -122,10 +125,16 @@ def golden(opened: Opened) -> None:
         raise PhaseError(fleet.head.name, "canary", said) from None
 
 
-def answers(path: Path, opened: Opened, accept: bool) -> None:
+@dataclass(frozen=True)
+class Canary:
+    before: dict[str, Any] | None  # the answers `check` recorded, read before anything changed
+    accept: bool  # answers that changed are recorded anew, not a failed canary
+
+
+def answers(path: Path, opened: Opened, canary: Canary) -> None:
     """The answers `check` recorded, asked of the new group: a change fails the canary, unless
     accepted (then the new answers are recorded)."""
-    before = gate.recorded(path)
+    before = canary.before
     if before is None:
         return
     fleet = opened.fleet
@@ -134,7 +143,7 @@ def answers(path: Path, opened: Opened, accept: bool) -> None:
     verdict = gate.golden(found, before)
     if verdict.ok is not False:
         return
-    if not accept:
+    if not canary.accept:
         said = f"the answers changed: {verdict.said}"
         hint = "keep the new answers with: upgrade --accept-changed-answers"
         raise PhaseError(fleet.head.name, "canary", said, hint=hint)

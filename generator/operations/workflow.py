@@ -176,7 +176,7 @@ def opened(
     its compose files live in a temporary folder for as long as it runs. `entry`: the config and
     lock of a stack that served before (history.py), in place of the config file's."""
     text = entry.config_text if entry else config.read(path)
-    cluster = config.parse(text, str(path))
+    cluster = config.parse(text, str(entry.folder / history.CONFIG) if entry else str(path))
     found = _secrets(path, cluster, outdir) if with_secrets else None
     locked: lock.Lock | None
     with contextlib.ExitStack() as stack:
