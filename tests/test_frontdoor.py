@@ -86,6 +86,17 @@ class Upstream(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(0.05)
 
+    def do_GET(self) -> None:
+        """vLLM's health, ping and version (what the door passes on without a key), and a path
+        only a key may reach."""
+        said = {"path": self.path, "port": self.server.server_port}  # type: ignore[attr-defined]
+        out = json.dumps(said).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
     def body(self) -> bytes:
         """The request's body, with a length or chunked (a body the door changed)."""
         if "Content-Length" in self.headers:
@@ -144,6 +155,7 @@ def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     config = rendered(tmp_path, hold, limits)
     checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "WARNING" not in checked.stderr, checked.stderr  # a rule out of its order, say
     with started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"):
         yield
 
@@ -199,6 +211,36 @@ def test_a_known_key_reaches_its_models_backend_and_the_key_stays_at_the_door(do
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def get(path: str, key: str | None = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_health_ping_and_version_are_answered_without_a_key_and_nothing_else(door: None) -> None:
+    server = upstream(UPSTREAMS[0])
+    try:
+        for path in ("/health", "/ping", "/version"):
+            status, said = get(path)
+            assert status == 200 and said == {"path": path, "port": UPSTREAMS[0]}, path
+        for path in ("/metrics", "/v1/models", "/health/x", "/healthz", "/docs"):
+            assert get(path)[0] == 401, path
+        assert send("/ping", {}, key="")[0] != 401  # SageMaker's POST /ping, as vLLM takes it
+        assert send("/health", {}, key="")[0] == 401  # a POST elsewhere: a key, as ever
+        assert get("/metrics", ADMIN_KEY)[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    began = time.monotonic()
+    status, said = get("/health")  # vLLM down: the truth at once, not held
+    assert status == 503 and said["error"]["code"] == "unavailable"
+    assert time.monotonic() - began < 3
 
 
 def test_an_unknown_key_gets_401_and_an_unknown_model_openais_404(door: None) -> None:

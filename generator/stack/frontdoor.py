@@ -45,6 +45,7 @@ RETRY_AFTER = 10  # seconds a client is told to wait after a held request's dead
 # Made, not read from a file of the user's; mounted like secrets, and read again on a reload (the
 # routes and the model list are not secret, but are written on the node the same way).
 KEYS = "/run/secrets/front_door_keys"  # hash -> key name, one per line
+OPEN = ("/health", "/ping", "/version")  # answered without a key, as vLLM answers them
 ROUTES = "/run/secrets/front_door_routes"  # model -> its vLLM's loopback port, or HOST:PORT
 MODEL_LIST = "/run/secrets/front_door_models"  # what /v1/models answers
 PEER_KEY = "/run/secrets/front_door_peer_key"  # `door KEY`: this door's key at the others
@@ -149,8 +150,13 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         f"    http-request set-var(txn.key) var(txn.hash),map({KEYS})",
         f"    http-request set-var(txn.key) var(txn.hash),map({PEERS})"
         " unless { var(txn.key) -m found }",
+        # What vLLM answers without a key, as load balancers and uptime checks ask it: its
+        # health, ping and version, passed on (without holding: a health check wants the truth).
+        f"    http-request set-var(txn.open) bool(true) if {{ path {' '.join(OPEN)} }}"
+        " !{ method POST PUT DELETE PATCH }",
+        "    http-request set-var(txn.open) bool(true) if { path /ping } { method POST }",
         "    http-request return status 401 content-type application/json string"
-        f" {UNAUTHORIZED} unless {{ var(txn.key) -m found }}",
+        f" {UNAUTHORIZED} if !{{ var(txn.key) -m found }} !{{ var(txn.open) -m bool }}",
         "    http-request track-sc0 var(txn.key)",
         "    http-request del-header Authorization",  # vLLM, on loopback, never sees a key
     ]
@@ -167,6 +173,7 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         " req.body,json_query('$.stream_options.include_usage')",
         *(_ask() if counted else []),
         f"    http-request set-var(txn.route) var(txn.model),hex,lower,map({ROUTES})",
+        "    use_backend health if { var(txn.open) -m bool }",
         "    use_backend doors if { var(txn.route) -m sub : }",
         "    use_backend models if { var(txn.route) -m found }",
         "    use_backend unknown if { var(txn.model) -m found }",
@@ -231,6 +238,11 @@ def _backends(own: Route) -> list[str]:
         "    http-request set-dst-port var(txn.route),field(2,:)",
         "    server door 0.0.0.0:0",
         "backend own",
+        f"    server vllm 127.0.0.1:{own.port}",
+        # The door's own cluster's vLLM, asked once: a refused connection is a 503 at once.
+        "backend health",
+        "    retries 0",
+        "    timeout server 10s",
         f"    server vllm 127.0.0.1:{own.port}",
     ]
 
