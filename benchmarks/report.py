@@ -37,6 +37,8 @@ ORDER = [
     "soak-both",
     "proxies",
     "door",
+    "door_cost",
+    "door_cost-many-cores",
     "door_arrivals",
     "door_stream",
     "door_latency",
@@ -80,6 +82,10 @@ def machine() -> str:
 
 
 def commit() -> str:
+    """The checkout's commit; BENCH_COMMIT names it where the tree travelled without git (a
+    machine of many cores, say)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     done = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                           capture_output=True, text=True, check=False)  # fmt: skip
     return done.stdout.strip() or "unknown"
