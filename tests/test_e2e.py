@@ -364,17 +364,27 @@ def watched_recovery(bed: Testbed, path: Path, project: str, service: str) -> No
     assert clusters.containers(head, project)[service].state.running  # left as it is
 
 
-def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pair: Pair) -> None:
+def test_a_late_canary_is_busy_not_broken_and_a_hung_rank_ends_a_stream_and_the_group_forms_again(
+    pair: Pair,
+) -> None:
+    """One native group (two sequence slots, `group.hang_after: 15`), two faults in turn:
+    a canary late under load is busy, not broken; then a rank that hangs breaks the group, ends
+    the stream under way with vLLM's own error, and the group forms again."""
+    bed, tmp = pair
+    busy_vllm = VLLM.replace("--enforce-eager]", "--enforce-eager, --max-num-seqs, '2']")
+    path = config(tmp, bed, "hung", "native", busy_vllm, extra="group: {hang_after: 15}")
+    assert cli("up", path, cwd=tmp).returncode == 0
+    late_canary_under_load(bed, path, tmp)
+    hung_rank(bed, path)
+
+
+def late_canary_under_load(bed: Testbed, path: Path, tmp: Path) -> None:
     """vLLM with two sequence slots, kept full by six clients sending long requests one after
     another (bounded: each at most 40 requests of 240 tokens, 180 s in all): the canary queues
     behind them and misses its 1 s deadline, but /metrics show tokens rising, so watch says busy
     and recreates nothing; once the load stops, the canary answers within 1 s again."""
-    bed, tmp = pair
     head = bed.nodes[0]
-    busy_vllm = VLLM.replace("--enforce-eager]", "--enforce-eager, --max-num-seqs, '2']")
-    path = config(tmp, bed, "busy", "native", busy_vllm)
-    assert cli("up", path, cwd=tmp).returncode == 0
-    before = clusters.containers(head, "busy")["serve"].id
+    before = clusters.containers(head, "hung")["serve"].id
     # Checks 2 s apart: each runs `docker exec`s beside serve's own healthcheck, and on two busy
     # cores an engine swamped by them is slow to list its containers.
     watcher = clusters.Background("watch", path, "--interval", "2", "--deadline", "1", cwd=tmp)
@@ -397,21 +407,16 @@ def test_a_late_canary_under_load_is_busy_not_broken_and_nothing_is_recreated(pa
     assert stopped == 130, watcher.output
     recovered = [line for line in watcher.lines if "recover" in line or "failed (2/2)" in line]
     assert not recovered, watcher.output
-    assert clusters.containers(head, "busy")["serve"].id == before
+    assert clusters.containers(head, "hung")["serve"].id == before
 
 
-def test_a_hung_rank_ends_a_stream_under_way_with_vllms_own_error_and_the_group_forms_again(
-    pair: Pair,
-) -> None:
+def hung_rank(bed: Testbed, path: Path) -> None:
     """The worker's rank stops (SIGSTOP) with a stream under way through the front door: the head's
     canary breaks the group `group.hang_after` (15 s) after vLLM last made progress, and vLLM's
     engine is stopped before its API server, so the stream ends with vLLM's own error event, in
     OpenAI's shape, and [DONE]: never a cut connection, never a hang. The group forms again and
     answers; a request sent meanwhile is held by the door, not failed."""
-    bed, tmp = pair
     head, worker = bed.nodes[:2]
-    path = config(tmp, bed, "hung", "native", extra="group: {hang_after: 15}")
-    assert cli("up", path, cwd=tmp).returncode == 0
     key = clusters.api_key(path)
     served = answers_counted(head)
     deadline = time.monotonic() + 60
@@ -485,14 +490,14 @@ def secret_seen_in(
     secret: str, folder: Path, nodes: list[Node], project: str, kept: str = "api-key"
 ) -> list[str]:
     """Every place the secret must never be, that holds it: the files written beside the config
-    (but its own file there, PROJECT.`kept`, and the node folders' secrets/ copies), `docker
-    inspect` and the logs of the project's containers, and the command lines of every process in
-    them."""
+    and in its state folder (but its own file there, PROJECT.state/`kept`, and the node folders'
+    secrets/ copies), `docker inspect` and the logs of the project's containers, and the command
+    lines of every process in them."""
     found = [
         str(p)
         for p in folder.rglob("*")
         if p.is_file()
-        and p.name != f"{project}.{kept}"
+        and p != folder / f"{project}.state" / kept
         and not _secret_copy(p)
         and secret.encode() in p.read_bytes()
     ]
@@ -592,6 +597,9 @@ def test_ray_tp2_serves_with_each_ranks_own_interface_and_ip_and_comes_back_afte
         # The worker's Ray container killed under load: watch starts it again, the supervisors
         # re-form the group.
         watched_recovery(bed, path, "viaray", "ray")
+        # And through power cuts of both nodes, the worker alone and the head alone, by itself
+        # (the native backend's are in tests/test_upgrade.py).
+        faults.survives_power_cuts(bed, path, "viaray")
 
 
 def test_ray_older_executor_keeps_per_node_values_too(pair: Pair) -> None:
