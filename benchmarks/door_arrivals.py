@@ -126,6 +126,27 @@ def running(haproxy: str, cfg: Path, port: int) -> Iterator[int]:
         process.wait(10)
 
 
+@contextlib.contextmanager
+def stand_in_process(handler: str, lives: float, backlog: int = 100) -> Iterator[int]:
+    """A stand-in's handler (`MODULE:NAME`, an asyncio connection handler) serving in a process
+    of its own (a token crosses from one process to another, as from vLLM's to its client's),
+    living `lives` s at most: its port; ended by its ID."""
+    module, name = handler.split(":")
+    port = free_port()
+    code = (
+        f"import asyncio\nfrom {module} import {name}\nasync def serve():\n"
+        f"    await asyncio.start_server({name}, '127.0.0.1', {port}, backlog={backlog})\n"
+        f"    await asyncio.sleep({lives})\nasyncio.run(serve())"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        wait_listening(port, process)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

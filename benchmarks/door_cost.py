@@ -21,19 +21,14 @@ it ends by their IDs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
-from benchmarks.door_stream import CHUNK, KEY, MODEL, event
+from benchmarks.door_arrivals import arguments, free_port, running, stand_in_process
+from benchmarks.door_stream import CHUNK, KEY, MODEL, asked, event
 from benchmarks.report import Figure, record
 from generator.stack import doorfiles, frontdoor
 from tests.support.door import runnable
@@ -70,36 +65,10 @@ async def stand_in(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     writer.close()
 
 
-@contextlib.contextmanager
-def serving() -> Iterator[int]:
-    """The stand-in in a process of its own, living LIVES s at most: its port."""
-    port = free_port()
-    code = (
-        "import asyncio\nfrom benchmarks.door_cost import stand_in\nasync def serve():\n"
-        f"    await asyncio.start_server(stand_in, '127.0.0.1', {port}, backlog=1024)\n"
-        f"    await asyncio.sleep({LIVES})\nasyncio.run(serve())"
-    )
-    process = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        wait_listening(port, process)
-        yield port
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
 async def one(port: int) -> tuple[float, int]:
     """One streamed chat completion: (seconds to its first token, tokens got)."""
-    asked = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    body = json.dumps(asked)
     sent = time.monotonic()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: door\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-        % (KEY.encode(), len(body), body.encode())
-    )
-    await writer.drain()
+    reader, writer = await asked(port, None)
     first, tokens = 0.0, 0
     while chunk := await reader.read(65536):
         found = chunk.count(b'"content"')
@@ -133,7 +102,8 @@ def percentile(values: list[float], share: float) -> float:
 async def rounds(haproxy: str, count: int) -> dict[int, list[tuple[float, float, float]]]:
     """concurrency -> per round (tokens/s ratio, TTFT p50 added, TTFT p99 added)."""
     found: dict[int, list[tuple[float, float, float]]] = {c: [] for c in CONCURRENCY}
-    with serving() as upstream, tempfile.TemporaryDirectory(prefix="door-cost-") as tmp:
+    served = stand_in_process("benchmarks.door_cost:stand_in", LIVES, backlog=1024)
+    with served as upstream, tempfile.TemporaryDirectory(prefix="door-cost-") as tmp:
         route = doorfiles.Route(MODEL, upstream)
         text = frontdoor.config(free_port(), 120, route, frontdoor.Limits(0, 0))
         port = int(text.split("bind :")[1].split()[0])

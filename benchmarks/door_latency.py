@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
+from benchmarks.door_arrivals import arguments, free_port, running, stand_in_process
 from benchmarks.door_stream import KEY, MODEL, asked
 from benchmarks.report import Figure, record
 from generator.stack import doorfiles, frontdoor
@@ -83,28 +83,9 @@ def busy(cores: int) -> Iterator[None]:
             process.wait(10)
 
 
-@contextlib.contextmanager
-def serving() -> Iterator[int]:
-    """The stand-in in a process of its own (a token crosses from one process to another, as
-    from vLLM's to its client's), living BUSY_FOR s at most: its port; ended by its ID."""
-    port = free_port()
-    code = (
-        "import asyncio\nfrom benchmarks.door_stream import stand_in\nasync def serve():\n"
-        f"    await asyncio.start_server(stand_in, '127.0.0.1', {port})\n"
-        f"    await asyncio.sleep({BUSY_FOR})\nasyncio.run(serve())"
-    )
-    process = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        wait_listening(port, process)
-        yield port
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
 async def measured(haproxy: str, count: int) -> dict[str, Delays]:
     """'free' / 'busy' -> 'WAY, N at once' -> every event's delay, over `count` rounds."""
-    with serving() as upstream:
+    with stand_in_process("benchmarks.door_stream:stand_in", BUSY_FOR) as upstream:
         return await _measured(haproxy, count, upstream)
 
 
