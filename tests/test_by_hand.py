@@ -128,6 +128,7 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     elsewhere = tmp / "elsewhere"
     shutil.copytree(folders, elsewhere)
     shutil.rmtree(tmp / "compose")
+    shutil.rmtree(tmp / "byhand.state")  # the config's state folder: its secrets too
     for leftover in tmp.glob("byhand.*"):
         leftover.unlink()
     starting = compose(head, elsewhere / "spark1", "up", "-d")
