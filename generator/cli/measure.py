@@ -35,6 +35,10 @@ PREFIX = "Prompts that share prefixes: the prefix cache's hit rate, from vLLM's 
 REPEAT = "Runs per concurrency: the median and the spread."
 OUTPUT = "Generated tokens per request \\[default: 128, or a quarter of the context]."
 COMPARE = "Against the latest run under the lock before."
+ConcurrencyOpt = Annotated[
+    list[int] | None,
+    typer.Option(min=1, max=4096, help="A concurrency to run; repeat it \\[default: 1 4 16]."),
+]
 DIRECT = "vLLM itself, past the front door (its cost: run once with, once without)."
 
 
@@ -42,10 +46,7 @@ DIRECT = "vLLM itself, past the front door (its cost: run once with, once withou
 def bench(
     path: ConfigArg,
     outdir: OutdirOpt = None,
-    concurrency: Annotated[
-        list[int] | None,
-        typer.Option(min=1, max=4096, help="A concurrency to run; repeat it \\[default: 1 4 16]."),
-    ] = None,
+    concurrency: ConcurrencyOpt = None,
     prompts: Annotated[int, typer.Option(min=1, max=100_000, help=PROMPTS)] = 32,
     input_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=INPUT)] = None,
     output_len: Annotated[int | None, typer.Option(min=1, max=10_000_000, help=OUTPUT)] = None,

@@ -150,11 +150,7 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         f"    http-request set-var(txn.key) var(txn.hash),map({KEYS})",
         f"    http-request set-var(txn.key) var(txn.hash),map({PEERS})"
         " unless { var(txn.key) -m found }",
-        # What vLLM answers without a key, as load balancers and uptime checks ask it: its
-        # health, ping and version, passed on (without holding: a health check wants the truth).
-        f"    http-request set-var(txn.open) bool(true) if {{ path {' '.join(OPEN)} }}"
-        " !{ method POST PUT DELETE PATCH }",
-        "    http-request set-var(txn.open) bool(true) if { path /ping } { method POST }",
+        *_open(),
         "    http-request return status 401 content-type application/json string"
         f" {UNAUTHORIZED} if !{{ var(txn.key) -m found }} !{{ var(txn.open) -m bool }}",
         "    http-request track-sc0 var(txn.key)",
@@ -180,6 +176,16 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         "    default_backend own",  # a request naming no model, as vLLM takes it
     ]
     return lines
+
+
+def _open() -> list[str]:
+    """What vLLM answers without a key, as load balancers and uptime checks ask it: its health,
+    ping and version, passed on (backend `health`, not held: a health check wants the truth)."""
+    return [
+        f"    http-request set-var(txn.open) bool(true) if {{ path {' '.join(OPEN)} }}"
+        " !{ method POST PUT DELETE PATCH }",
+        "    http-request set-var(txn.open) bool(true) if { path /ping } { method POST }",
+    ]
 
 
 def _usage() -> list[str]:
