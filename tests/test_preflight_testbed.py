@@ -268,7 +268,7 @@ def test_a_reach_port_in_use_is_tried_again_on_another(
     config = write(tmp_path, bed)
     with (
         bed.listening(bed.nodes[0], 20000, images.STANDIN),
-        workflow.opened(config, None, said.append, with_secrets=True) as opened,
+        workflow.opened(config, tmp_path / "compose", said.append, with_secrets=True) as opened,
     ):
         found, _ = preflight_module.run(opened.fleet)
     assert [c.line() for c in found if c.status == "fail"] == []
