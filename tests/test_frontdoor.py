@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from python_on_whales import DockerClient
@@ -445,6 +445,67 @@ def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
     assert time.monotonic() - start >= 3  # the fixture's hold
     assert status == 503 and said["error"]["type"] == "server_error"
     assert headers["retry-after"] == str(frontdoor.RETRY_AFTER)
+
+
+class Failing(http.server.BaseHTTPRequestHandler):
+    """Answers 500 at once, as vLLM does: with its dead engine's body (`EngineDeadError`) while
+    `dead` says so, else with another error's; counts the requests it was sent."""
+
+    dead: ClassVar[Callable[[], bool]] = staticmethod(lambda: False)
+    sent: ClassVar[list[float]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        Failing.sent.append(time.monotonic())
+        if Failing.dead():
+            message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+        else:
+            message = "an error of this request"
+        out = json.dumps({"error": {"message": message, "code": 500}}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def failing(dead: Callable[[], bool]) -> Iterator[None]:
+    """`Failing` on the port of the model OTHER, for `dead`."""
+    Failing.dead, Failing.sent = staticmethod(dead), []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", UPSTREAMS[1]), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_dead_engines_500s_are_held_a_try_a_second_and_vllms_own_503_ends_the_hold(
+    door: None,
+) -> None:
+    # A dead engine answers in a millisecond until its API server stops: tried a second apart,
+    # so the hold (3 tries) lasts 3 s, not 3 ms; past it, a 503 the client may try again.
+    with failing(lambda: True):
+        start = time.monotonic()
+        status, said, headers = chat(OTHER)
+        took = time.monotonic() - start
+    assert status == 503 and "EngineCore" in said["error"]["message"], said
+    assert headers["retry-after"] == str(frontdoor.RETRY_AFTER)
+    assert took >= 3 and len(Failing.sent) == 4, (took, Failing.sent)
+    gaps = [b - a for a, b in zip(Failing.sent, Failing.sent[1:], strict=False)]
+    assert all(gap >= 0.9 for gap in gaps), gaps
+
+
+def test_a_500_of_the_request_itself_is_answered_at_once_sent_once(door: None) -> None:
+    with failing(lambda: False):
+        status, said, _ = chat(OTHER)
+    assert status == 500 and said["error"]["message"] == "an error of this request", said
+    assert len(Failing.sent) == 1, Failing.sent
 
 
 def test_the_doors_own_errors_are_openais_shape_not_haproxys_html(door: None) -> None:

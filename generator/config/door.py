@@ -24,10 +24,9 @@ class FrontDoor(Strict):
         120,
         0,
         3600,
-        "Tries for a request with no answer yet, held and sent again while its cluster "
-        "recovers, upgrades or reboots: a second apart while vLLM's port refuses connections "
-        "(so about as many seconds), at once after an empty answer or a 5xx; then a 503 with "
-        "Retry-After.",
+        "Tries for a request with no answer yet, held and sent again a second apart (so as "
+        "many seconds) while its cluster recovers, upgrades or reboots: vLLM's port refusing "
+        "connections, answering nothing or as a dead engine does; then a 503 with Retry-After.",
     )
     requests_per_minute: int = Field(
         default=0, ge=0, le=1_000_000, description="Per key: requests a minute (0: no limit)."

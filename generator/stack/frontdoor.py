@@ -13,9 +13,10 @@
   asked with this door's key (the door there holds the request through its recoveries). An
   unknown model gets OpenAI's 404; `/v1/models` answers from the models' list file. A request
   naming no model goes to the door's own cluster.
-- Held: a request that has had no byte of answer is sent again (L7 retries), one second apart
-  while its backend refuses connections and at once after an empty answer or a 5xx, `hold`
-  tries in all; then a 503 with Retry-After. HAProxy's own errors are in OpenAI's shape.
+- Held: a request that has had no byte of answer is sent again (L7 retries), a second apart,
+  while its vLLM refuses connections, answers nothing or answers as a dead engine does, `hold`
+  tries in all (stack/doorhold.py); then a 503 with Retry-After. HAProxy's own errors are in
+  OpenAI's shape.
 - Logged: a line a request (`option httplog`'s, then key name, model and the answer's tokens:
   a whole JSON answer's `usage`, or a stream's last event's, read by a Lua filter, when the
   request asked for it or, with `metrics`, when the door asked for it: stack/doorusage.py), to
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from generator.config import ports
-from generator.stack import doorusage
+from generator.stack import doorhold, doorusage
 from generator.stack.doorfiles import ADMIN, FILES, LOCAL, PEER, Route
 from generator.stack.monitoring import Sidecar
 
@@ -89,16 +90,17 @@ ERRORS = {
 
 def config(port: int, hold: int, own: Route, limits: Limits, counts: int | None = None) -> str:
     """haproxy.cfg: the frontend on `port` (every address); the backend `models` sends a request
-    to its model's vLLM, `own` to the door's own cluster's; `counts`: the loopback UDP port its
-    log lines also go to (mtail's)."""
-    front = _frontend(port, limits, counted=counts is not None)
-    return "\n".join([*_global(counts), *_defaults(hold), *front, *_backends(own), ""])
+    to its model's vLLM (`own`, the door's own cluster's, when it names none), held through the
+    inner proxy; `counts`: the loopback UDP port its log lines also go to (mtail's)."""
+    front = _frontend(port, own, limits, counted=counts is not None)
+    held = doorhold.inner(LOCAL, RETRY_AFTER)
+    return "\n".join([*_global(counts), *_defaults(), *front, *_backends(hold, own), *held, ""])
 
 
 def _global(counts: int | None) -> list[str]:
     lines = [
         "global",
-        f"    maxconn {MAXCONN}",
+        f"    maxconn {2 * MAXCONN}",  # a request held is two: the client's and its try's
         # One thread: with more, a thread drops its log line when another is writing one to the
         # output (HAProxy's DroppedLogs: 3 runs in 20 of two tests of tests/test_frontdoor.py),
         # and one forwards far more requests and tokens a second than a model answers.
@@ -107,29 +109,21 @@ def _global(counts: int | None) -> list[str]:
         f"    stats socket {RUNTIME} mode 600 level admin expose-fd listeners",
         "    log stdout format raw local0 info",
         f"    lua-load {doorusage.FILE}",
+        f"    lua-load {doorhold.FILE}",
     ]
     return lines + ([f"    log 127.0.0.1:{counts} format raw local0 info"] if counts else [])
 
 
-def _defaults(hold: int) -> list[str]:
+def _defaults() -> list[str]:
     return [
         "defaults",
         "    mode http",
-        "    log global",
-        # `option httplog`'s line (method, path, status and times: no header, so no key), then
-        # the key's name and the model asked for: who asked what, for `logs`.
-        f"    log-format {LOG_FORMAT}",
-        "    option dontlognull",  # a connection that sent nothing (a port probe)
         "    option http-no-delay",  # a token is sent on when it comes, not batched (+180 ms)
         "    timeout connect 1s",
         "    timeout client 1h",  # a long generation, streamed or not
         "    timeout server 1h",
         "    timeout http-request 60s",
         "    timeout http-keep-alive 60s",
-        # A refused connection is tried again a second later (HAProxy waits min(timeout
-        # connect, 1 s)); an empty answer or a 5xx at once, each try counted the same.
-        f"    retries {hold}",
-        "    retry-on conn-failure empty-response 500 502 503 504",
         f"    http-error status 503 content-type application/json string {UNAVAILABLE}"
         f" hdr Retry-After {RETRY_AFTER}",
         *(
@@ -139,10 +133,12 @@ def _defaults(hold: int) -> list[str]:
     ]
 
 
-def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
+def _frontend(port: int, own: Route, limits: Limits, counted: bool) -> list[str]:
     lines = [
         "frontend api",
         f"    bind :{port}",
+        f"    maxconn {MAXCONN}",
+        *_logged(),
         "    option http-buffer-request",
         f"    filter lua.{doorusage.FILTER}",
         "    stick-table type string len 64 size 10k expire 2m store http_req_rate(1m),conn_cur",
@@ -169,13 +165,26 @@ def _frontend(port: int, limits: Limits, counted: bool) -> list[str]:
         " req.body,json_query('$.stream_options.include_usage')",
         *(_ask() if counted else []),
         f"    http-request set-var(txn.route) var(txn.model),hex,lower,map({ROUTES})",
+        # A request naming no model goes to the door's own cluster, as vLLM takes it.
+        f"    http-request set-var(txn.route) str({own.port}) unless {{ var(txn.model) -m found }}",
         "    use_backend health if { var(txn.open) -m bool }",
         "    use_backend doors if { var(txn.route) -m sub : }",
         "    use_backend models if { var(txn.route) -m found }",
-        "    use_backend unknown if { var(txn.model) -m found }",
-        "    default_backend own",  # a request naming no model, as vLLM takes it
+        "    default_backend unknown",
     ]
     return lines
+
+
+def _logged() -> list[str]:
+    """A line a request, this frontend's alone (the inner proxy's tries are not: doorhold.py):
+    `option httplog`'s (method, path, status and times: no header, so no key), then the key's
+    name and the model asked for: who asked what, for `logs`."""
+    return [
+        "    log global",
+        f"    log-format {LOG_FORMAT}",
+        "    option dontlognull",  # a connection that sent nothing (a port probe)
+        "    unique-id-format %pid-%Ts-%rt",  # a request's, the same on each of its tries
+    ]
 
 
 def _open() -> list[str]:
@@ -224,27 +233,24 @@ def _too_many(condition: str, retry_after: int) -> str:
     )
 
 
-def _backends(own: Route) -> list[str]:
+def _backends(hold: int, own: Route) -> list[str]:
     return [
         "backend unknown",
         "    http-request return status 404 content-type application/json lf-string"
         ' \'{"error":{"message":"The model %[var(txn.model),json(utf8s)] does not exist.",'
         '"type":"invalid_request_error","param":"model","code":"model_not_found"}}\'',
-        "backend models",  # to the port its model's route names, on the loopback
-        f"    http-request set-dst ipv4({LOCAL})",
-        "    http-request set-dst-port var(txn.route)",
-        "    server vllm 0.0.0.0:0",
+        "backend models",  # to the port its model's route names, on the loopback, held
+        *doorhold.outer(hold),
         # To the door on another node its model's route names, as a door. That door holds the
         # request through its cluster's recoveries and says 503 past its hold: only a connection
         # that fails (that door starting again) is tried again here.
         "backend doors",
+        f"    retries {hold}",  # a second apart
         "    retry-on conn-failure empty-response",
         f'    http-request set-header Authorization "Bearer %[str(door),map({PEER_KEY})]"',
         "    http-request set-dst var(txn.route),field(1,:)",
         "    http-request set-dst-port var(txn.route),field(2,:)",
         "    server door 0.0.0.0:0",
-        "backend own",
-        f"    server vllm 127.0.0.1:{own.port}",
         # The door's own cluster's vLLM, asked once: a refused connection is a 503 at once.
         "backend health",
         "    retries 0",
@@ -267,6 +273,7 @@ def configs(c: Cluster) -> dict[str, str]:
     return {
         CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts),
         doorusage.CONFIG: doorusage.SCRIPT,
+        doorhold.CONFIG: doorhold.SCRIPT,
     }
 
 
@@ -277,6 +284,7 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
     if not (door.enabled and stack.is_head):
         return []
     command = ["haproxy", "-W", "-db", "-f", CONFIG_FILE]
-    files = [(CONFIG, CONFIG_FILE), (doorusage.CONFIG, doorusage.FILE)]
+    files = [(CONFIG, CONFIG_FILE), (doorusage.CONFIG, doorusage.FILE),
+             (doorhold.CONFIG, doorhold.FILE)]  # fmt: skip
     return [Sidecar("front-door", door.image, command, user="0", secrets=list(FILES),
                     configs=files)]  # fmt: skip

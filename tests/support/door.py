@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from generator.stack import doorfiles, doorusage, frontdoor
+from generator.stack import doorfiles, doorhold, doorusage, frontdoor
 
 
 def runnable(
@@ -31,6 +31,8 @@ def runnable(
         frontdoor.PEER_KEY: doorfiles.peer_key_map(peer_key or "no-door-key"),
         frontdoor.RUNTIME: None,  # made by haproxy
         doorusage.FILE: doorusage.SCRIPT,
+        doorhold.FILE: doorhold.SCRIPT,
+        doorhold.SOCKET: None,  # made by haproxy
     }
     for path, content in files.items():
         local = folder / Path(path).name
