@@ -5,7 +5,6 @@ own before anything is made: a regular file, small, UTF-8, of its shape (exit 2,
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +81,7 @@ def peer_hash(files: dict[str, Path]) -> str | None:
     if path is None or not (path.exists() or path.is_symlink()):
         return None
     words = sidefiles.read(path, LIMIT).split()
-    if len(words) != 2 or words[0] != "door" or not re.fullmatch(r"[0-9a-f]{64}", words[1]):
+    if len(words) != 2 or words[0] != "door" or not doorfiles.HASH.fullmatch(words[1]):
         raise BadFile(f"{path}: not the door's key (one line: door, then 64 hex digits)",
                       "remove it: the next command makes it again from the API key")  # fmt: skip
     return doorfiles.hashed(words[1])

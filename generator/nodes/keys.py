@@ -22,7 +22,6 @@ from generator.base.errors import BadFile, OptionError
 from generator.stack.doorfiles import ADMIN, HASH, KEY_NAME, hashed
 from generator.stack.output import write_atomic
 
-NAME = KEY_NAME  # fullmatch: no ':' (a door's), no line break
 NAME_HINT = "lowercase letters, digits, '.', '_' or '-', 64 at most; not 'admin'"
 
 
@@ -36,9 +35,15 @@ def path_for(config: Path) -> Path:
     return sidefiles.Beside(config).named("keys.json")
 
 
+def named(name: str) -> bool:
+    """Whether the door's map can hold `name` as a user's key (KEY_NAME: no ':', a door's; no
+    line break), the admin's name aside."""
+    return bool(KEY_NAME.fullmatch(name)) and name != ADMIN
+
+
 def checked(name: str) -> str:
     """`name`, refused (exit 2, shown escaped and cut) unless the door's map can hold it."""
-    if not NAME.fullmatch(name) or name == ADMIN:
+    if not named(name):
         raise OptionError(f"keys: {sidefiles.shown(name)} is not a key name", NAME_HINT)
     return name
 
@@ -56,7 +61,7 @@ def read(config: Path) -> dict[str, Entry]:
 
 
 def _name(path: Path, name: str) -> str:
-    if not NAME.fullmatch(name) or name == ADMIN:
+    if not named(name):
         raise BadFile(f"{path}: key {sidefiles.shown(name)}: not a key name ({NAME_HINT})",
                       "remove that entry, or move the file away")  # fmt: skip
     return name

@@ -28,7 +28,6 @@ from generator.config import Cluster
 from generator.nodes import doorlocal
 from generator.stack import SECRET_NAMES, doorfiles, secret_names, secrets_folder
 
-DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file (nodes/doorlocal.py)
 # Read by their containers each time they are used, so written in place (a bind-mounted file's
 # new inode would stay unseen): behind the front door, none restarts a service.
 IN_PLACE = (*doorfiles.FILES, "api_key")
@@ -48,7 +47,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     listed as missing."""
     folder = config.resolve().parent
     found = Local({}, {}, {})
-    if DOOR_KEYS in secret_names(cluster):
+    if doorlocal.DOOR_KEYS in secret_names(cluster):
         doorlocal.readable(config)  # before any secret is generated
     named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
     named["ray_token"] = cluster.secrets.ray_token_file
@@ -71,7 +70,7 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     for name, path in found.files.items():
         _usable(name, path)
     _distinct(found.files)
-    if DOOR_KEYS in secret_names(cluster):
+    if doorlocal.DOOR_KEYS in secret_names(cluster):
         doorlocal.made(config, cluster, found.files, found.missing, generate)
     return found
 
