@@ -49,13 +49,12 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
     found = Local({}, {}, {})
     if doorlocal.DOOR_KEYS in secret_names(cluster):
         doorlocal.readable(config)  # before any secret is generated
-    named = {"api_key": cluster.secrets.api_key_file, "hf_token": cluster.secrets.hf_token_file}
-    named["ray_token"] = cluster.secrets.ray_token_file
+    named = _given(config, cluster)
     for name in secret_names(cluster):
         if name in doorfiles.FILES:
             continue  # made (doorlocal)
         given = named[name]
-        path = folder / Path(given).expanduser() if given else _default(folder / config.name, name)
+        path = given or _default(folder / config.name, name)
         if path.exists():
             found.files[name] = path
         elif given or name == "hf_token":
@@ -77,10 +76,16 @@ def local(config: Path, cluster: Cluster, generate: bool = True) -> Local:
 
 def named_files(config: Path, cluster: Cluster) -> set[Path]:
     """The secret files the config names itself (secrets.*_file), resolved."""
-    given = (cluster.secrets.api_key_file, cluster.secrets.ray_token_file,
-             cluster.secrets.hf_token_file)  # fmt: skip
+    return {path.resolve() for path in _given(config, cluster).values() if path}
+
+
+def _given(config: Path, cluster: Cluster) -> dict[str, Path | None]:
+    """Secret name -> the file the config names for it (relative to the config's folder, or
+    absolute; `~` expanded), or None where it names none."""
     folder = config.resolve().parent
-    return {(folder / Path(g).expanduser()).resolve() for g in given if g}
+    s = cluster.secrets
+    given = {"api_key": s.api_key_file, "hf_token": s.hf_token_file, "ray_token": s.ray_token_file}
+    return {name: folder / Path(g).expanduser() if g else None for name, g in given.items()}
 
 
 def newer(names: list[str], started: datetime, changed: dict[str, float], door: bool) -> list[str]:
