@@ -109,6 +109,12 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
         *chat, "-o", "/dev/null", "-w", "%{http_code}", "-d", json.dumps(request)
     )
     assert refused.stdout == "401"  # the API key is required
+    # vLLM's health, ping and version through the door without a key, as load balancers and
+    # uptime checks ask them; nothing else (its metrics, the model list) without one.
+    assert [keyless(worker, p) for p in ("/health", "/ping", "/version")] == ["200"] * 3
+    version = worker.nsexec("curl", "-s", "-m", "10", "http://192.168.200.12:30000/version")
+    assert json.loads(version.stdout)["version"].startswith("0.32"), version.stdout
+    assert [keyless(worker, p) for p in ("/metrics", "/v1/models")] == ["401"] * 2
     out = worker.nsexec(
         *chat, "-f", "-H", f"Authorization: Bearer {key}", "-d", json.dumps(request)
     )
@@ -277,6 +283,13 @@ def answered(node: Node, key: str) -> str:
                        "http://192.168.200.12:30000/v1/chat/completions", "-H",
                        f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
                        "-d", json.dumps(request))  # fmt: skip
+    return said.stdout
+
+
+def keyless(node: Node, path: str) -> str:
+    """The HTTP status of a GET of `path` through the door, with no key."""
+    said = node.nsexec("curl", "-s", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}",
+                       f"http://192.168.200.12:30000{path}")  # fmt: skip
     return said.stdout
 
 
