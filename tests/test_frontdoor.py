@@ -448,16 +448,16 @@ def test_past_the_hold_a_clean_503_says_when_to_come_back(door: None) -> None:
 
 
 class Failing(http.server.BaseHTTPRequestHandler):
-    """Answers 500 at once, as vLLM does: with its dead engine's body (`EngineDeadError`) while
-    `dead` says so, else with another error's; counts the requests it was sent."""
+    """Answers 500 at once, as vLLM does: with its dead engine's body (`EngineDeadError`) when
+    `dead`, else with another error's; notes when each request came."""
 
-    dead: ClassVar[Callable[[], bool]] = staticmethod(lambda: False)
+    dead: ClassVar[bool] = False
     sent: ClassVar[list[float]] = []
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         Failing.sent.append(time.monotonic())
-        if Failing.dead():
+        if Failing.dead:
             message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
         else:
             message = "an error of this request"
@@ -473,9 +473,9 @@ class Failing(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def failing(dead: Callable[[], bool]) -> Iterator[None]:
-    """`Failing` on the port of the model OTHER, for `dead`."""
-    Failing.dead, Failing.sent = staticmethod(dead), []
+def failing(dead: bool) -> Iterator[None]:
+    """`Failing` on the port of the model OTHER, as a dead engine or not."""
+    Failing.dead, Failing.sent = dead, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", UPSTREAMS[1]), Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -485,12 +485,12 @@ def failing(dead: Callable[[], bool]) -> Iterator[None]:
         server.server_close()
 
 
-def test_a_dead_engines_500s_are_held_a_try_a_second_and_vllms_own_503_ends_the_hold(
+def test_a_dead_engines_500s_are_held_a_try_a_second_then_a_503_says_when_to_come_back(
     door: None,
 ) -> None:
     # A dead engine answers in a millisecond until its API server stops: tried a second apart,
     # so the hold (3 tries) lasts 3 s, not 3 ms; past it, a 503 the client may try again.
-    with failing(lambda: True):
+    with failing(dead=True):
         start = time.monotonic()
         status, said, headers = chat(OTHER)
         took = time.monotonic() - start
@@ -502,7 +502,7 @@ def test_a_dead_engines_500s_are_held_a_try_a_second_and_vllms_own_503_ends_the_
 
 
 def test_a_500_of_the_request_itself_is_answered_at_once_sent_once(door: None) -> None:
-    with failing(lambda: False):
+    with failing(dead=False):
         status, said, _ = chat(OTHER)
     assert status == 500 and said["error"]["message"] == "an error of this request", said
     assert len(Failing.sent) == 1, Failing.sent

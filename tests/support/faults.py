@@ -114,7 +114,8 @@ def survives_power_cuts(bed: Testbed, path: Path, project: str, both: bool = Tru
     start of its own would test nothing more.)"""
     head, worker = bed.nodes[:2]
     key, before = clusters.api_key(path), clusters.ids([head, worker], project)
-    for cut in ([head, worker], [worker], [head])[0 if both else 1 :]:
+    cuts = [[head, worker]] if both else []
+    for cut in [*cuts, [worker], [head]]:
         starts = serve_starts(head, project)
         power_cut(bed, cut)
         took = serving_again(worker, key)
