@@ -68,6 +68,31 @@ def test_config_hash_changes_with_any_value() -> None:
     assert config.parse(BASE).config_hash() == config.parse(BASE).config_hash()
 
 
+FOUR = BASE.replace(
+    "  - {name: b, ip: 10.0.0.2}\n",
+    "  - {name: b, ip: 10.0.0.2}\n  - {name: c, ip: 10.0.0.3}\n  - {name: d, ip: 10.0.0.4}\n",
+)
+
+
+def test_replicas_share_the_nodes_out_in_order_each_share_a_group_of_its_own() -> None:
+    cluster = config.parse(FOUR + "replicas: 2\n")
+    first, second = cluster.groups
+    assert [n.name for n in first.nodes] == ["a", "b"] and first.head.name == "a"
+    assert [n.name for n in second.nodes] == ["c", "d"] and second.head.name == "c"
+    assert [n.name for n in second.workers] == ["d"]
+    assert cluster.tensor_parallel_size == first.tensor_parallel_size == 2  # one share's GPUs
+    assert first.front_door.enabled and not second.front_door.enabled  # the first's door
+    assert [n.name for n in second.replica_heads] == ["a", "c"] and second.replica == 1
+    assert first.config_hash() == second.config_hash() == cluster.config_hash()
+    assert config.parse(FOUR).groups == [config.parse(FOUR)]
+
+
+def test_a_lock_made_before_replicas_still_matches_a_config_that_does_not_set_them() -> None:
+    explicit = FOUR + "replicas: 1\nfront_door: {balance: leastconn}\n"
+    assert config.parse(explicit).config_hash() == config.parse(FOUR).config_hash()
+    assert config.parse(FOUR + "replicas: 2\n").config_hash() != config.parse(FOUR).config_hash()
+
+
 def test_overriding_the_memory_monitor_is_allowed_with_a_warning() -> None:
     cluster = config.parse(BASE + "env: {RAY_memory_monitor_refresh_ms: '250'}")
     assert config.warnings(cluster) == [
@@ -106,7 +131,7 @@ BROKEN = [
         BASE + "colour: red\n",
         [
             "colour: unknown key (known: name, image, backend, profile, accelerator, interface,"
-            " nodes, model, vllm, ray, group, canary, gpu_temperature_limit, env, front_door,"
+            " nodes, replicas, model, vllm, ray, group, canary, gpu_temperature_limit, env, front_door,"
             " metrics, secrets)"
         ],
     ),
@@ -186,6 +211,27 @@ BROKEN = [
     (
         BASE + "vllm: {tensor_parallel_size: 2, pipeline_parallel_size: 2}\n",
         ["vllm.tensor_parallel_size: TP 2 x PP 2 = 4 GPUs asked for, the nodes have 2"],
+    ),
+    (
+        FOUR + "replicas: 3\n",
+        [
+            "replicas: 3 groups do not divide 4 nodes; give each replica as many nodes (each"
+            " share's first node is its head)"
+        ],
+    ),
+    (
+        FOUR.replace("ip: 10.0.0.3}", "ip: 10.0.0.3, role: worker}")
+        + "replicas: 2\nfront_door: {enabled: false}\n",
+        [
+            "nodes.2.role: with replicas each share's first node is its head; leave `role` out",
+            "front_door.enabled: the front door balances the replicas; turn it on, or set"
+            " replicas: 1",
+        ],
+    ),
+    (
+        FOUR.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: 2}")
+        + "replicas: 2\nvllm: {tensor_parallel_size: 3}\n",
+        ["vllm.tensor_parallel_size: TP 3 x PP 1 = 3 GPUs asked for, replica 2's nodes have 2"],
     ),
     (
         BASE.replace("ip: 10.0.0.1}", "ip: 10.0.0.1, gpus: 0}"),

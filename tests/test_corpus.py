@@ -339,7 +339,7 @@ FIRST = {
     "type-startup-timeout-low": "vllm.startup_timeout: Input should be greater than or equal to 10",
     "type-utilization-above-one": "vllm.gpu_memory_utilization: Input should be less than or equal to 1",
     "unknown-node-key": "nodes.1.ipp: unknown key (known: name, ip, context, interface, gpus, role)",
-    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, model, vllm, ray, group, canary, gpu_temperature_limit, env, front_door, metrics, secrets)",
+    "unknown-top-level": "nodez: unknown key (known: name, image, backend, profile, accelerator, interface, nodes, replicas, model, vllm, ray, group, canary, gpu_temperature_limit, env, front_door, metrics, secrets)",
     "unknown-vllm-key": "vllm.tp: unknown key (known: port, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, served_model_name, safetensors_load_strategy, master_port, startup_timeout, args)",
 }
 

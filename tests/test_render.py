@@ -20,7 +20,7 @@ CASES = Path(__file__).parent / "cases"
 LINT = str(Path(sys.executable).parent / "compose-lint")
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden"
-NAMES = ["sample", "four-node-pp", "native"]
+NAMES = ["sample", "four-node-pp", "native", "replicas"]
 GROUP = ("ray", "serve")  # the services beside them (metrics') are tests/test_metrics.py's
 
 

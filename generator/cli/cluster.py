@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import threading
 import time
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from rich.live import Live
 from rich.text import Text
 
 from generator.base.errors import DockerError, OptionError, VllmComposeError
+from generator.base.fanout import Report
 from generator.cli.app import (
     DEFAULT,
     HOUR,
@@ -36,7 +38,7 @@ from generator.operations import evidence, history, observe, workflow
 from generator.operations import preflight as preflight_checks
 from generator.operations import top as top_view
 from generator.operations import watch as watching
-from generator.operations.deploy import Timeouts
+from generator.operations.deploy import Deployment, Timeouts
 from generator.stack import claims
 
 SkipPreflightOpt = Annotated[
@@ -85,9 +87,10 @@ def up(
     )
     if update_lock and opened.locked:
         locked(opened.locked, path)
-    result = opened.deployment.up(checks=not skip_preflight, keep_on_failure=keep_on_failure)
+    # Replica by replica, the front door's first: each starts as one group does.
+    results = [g.up(not skip_preflight, keep_on_failure) for g in opened.groups]
     history.record(path, opened.config_text, opened.locked)
-    served(result)
+    served(*results)
     if and_watch:
         _watch(opened, policy)
 
@@ -120,12 +123,24 @@ def _watch(opened: workflow.Opened, policy: watching.Policy) -> None:
     # Ctrl-C always stops watch: a process started with SIGINT ignored (a shell's background job,
     # some CI runners) inherits that, and Python then raises no KeyboardInterrupt at all.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    groups = opened.groups  # with replicas each is watched apart, as one group is
     try:
-        with opened.deployment.following():
-            watching.watch(opened.deployment, policy, report)
+        for i, group in enumerate(groups[1:], start=2):
+            said = _prefixed(report, f"replica {i}: ")
+            threading.Thread(target=_watched, args=(group, policy, said), daemon=True).start()
+        _watched(groups[0], policy, _prefixed(report, "replica 1: ") if groups[1:] else report)
     except KeyboardInterrupt:
         report("watch: stopped; the group is left as it is")
         raise typer.Exit(130) from None
+
+
+def _watched(group: Deployment, policy: watching.Policy, report: Report) -> None:
+    with group.following():
+        watching.watch(group, policy, report)
+
+
+def _prefixed(report: Report, prefix: str) -> Report:
+    return lambda line: report(prefix + line)
 
 
 @app.command()
@@ -181,8 +196,9 @@ def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 
 @app.command()
 def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
-    """Per node: its services and their health, and whether Ray sees the node at its IP."""
-    rows = observe.status(open_config(path, outdir).fleet)
+    """Per node: its services and their health, and whether Ray sees the node at its IP (its
+    replica's Ray, with replicas)."""
+    rows = [row for g in open_config(path, outdir).groups for row in observe.status(g.fleet)]
     if as_json:
         out.print(json.dumps([r.model_dump(exclude_unset=True) for r in rows], indent=2))
         return
@@ -203,7 +219,8 @@ def _status_line(row: observe.StatusRow) -> str:
         if alive
         else ", NOT alive in Ray at its IP"
     )
-    line = f"{row.node} ({row.ip}){ray}"
+    of = f", replica {row.replica}" if row.replica else ""
+    line = f"{row.node} ({row.ip}){of}{ray}"
     return f"{line}: unreachable: {row.error}" if row.error else line
 
 

@@ -37,11 +37,14 @@ def validate(path: ConfigArg) -> None:
     for warning in config.warnings(c):
         err.print(f"warning: {warning}")
     parallel = f"TP {c.tensor_parallel_size} x PP {c.vllm.pipeline_parallel_size}"
-    out.print(f"{path}: valid; backend {c.backend}, {parallel} over {c.gpu_total} GPUs")
-    for node in c.nodes:
-        role = "head" if node == c.head else "worker"
-        where = f"{node.ip} on {c.interface_of(node)}, context {node.docker_context}"
-        out.print(f"  {node.name}: {role}, {where}")
+    each = f" each, {c.replicas} replicas behind the door" if c.replicas > 1 else ""
+    out.print(f"{path}: valid; backend {c.backend}, {parallel} over {c.gpu_total} GPUs{each}")
+    for group in c.groups:
+        of = f" of replica {group.replica + 1}" if c.replicas > 1 else ""
+        for node in group.nodes:
+            role = "head" if node == group.head else "worker"
+            where = f"{node.ip} on {c.interface_of(node)}, context {node.docker_context}"
+            out.print(f"  {node.name}: {role}{of}, {where}")
 
 
 @app.command("render")

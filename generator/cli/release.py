@@ -31,11 +31,16 @@ def report(switched: upgrading.Switched) -> None:
     out.print(f"recorded: {switched.entry.folder}")
 
 
-def served(result: Result) -> None:
-    for node, what in result.images.items():
-        out.print(f"image on {node}: {what}")
-    out.print("phases: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases))
-    out.print(f"ready: {result.endpoint}")
+def served(*results: Result) -> None:
+    """How the start went: each replica's (its phases named by it when there are several),
+    then the endpoint, the first's: its front door's."""
+    for i, result in enumerate(results):
+        for node, what in result.images.items():
+            out.print(f"image on {node}: {what}")
+        which = f"replica {i + 1} " if len(results) > 1 else ""
+        timed = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in result.phases)
+        out.print(f"{which}phases: {timed}")
+    out.print(f"ready: {results[0].endpoint}")
 
 
 @app.command()

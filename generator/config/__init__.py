@@ -81,6 +81,14 @@ class Cluster(Strict):
         default=None, pattern=IFNAME, description="Default network interface of the private link."
     )
     nodes: list[Node] = Field(min_length=1, max_length=64, description="The nodes, head first.")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Groups serving the model, each over an equal share of `nodes` in order (a "
+        "share's first node is its head), all under one model name behind the front door on the "
+        "first node, which balances them (`front_door.balance`).",
+    )
     model: Model = Field(description="The model to serve.")
     vllm: Vllm = Field(default_factory=Vllm, description="`vllm serve` settings.")
     ray: Ray = Field(default_factory=Ray, description="Ray settings (backend: ray).")
@@ -117,6 +125,9 @@ class Cluster(Strict):
     )
 
     _configured_image: str | None = PrivateAttr(default=None)  # see configured_image
+    _replica: int | None = PrivateAttr(default=None)  # a replica's index (see groups)
+    _heads: tuple[Node, ...] = PrivateAttr(default=())  # every replica's head (see groups)
+    _whole_hash: str | None = PrivateAttr(default=None)  # a replica's: the whole config's hash
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
@@ -133,11 +144,47 @@ class Cluster(Strict):
 
     @property
     def workers(self) -> list[Node]:
-        return [n for n in self.nodes if n is not self.head]
+        return [n for n in self.members if n is not self.head]
+
+    @property
+    def members(self) -> list[Node]:
+        """The nodes of one group: every node, or with replicas the first share."""
+        if self._replica is not None or self.replicas == 1:
+            return self.nodes
+        return self.nodes[: max(1, len(self.nodes) // self.replicas)]
+
+    @property
+    def groups(self) -> list[Cluster]:
+        """The replicas, each this cluster over its share of the nodes; the first keeps the
+        front door, which balances them all, the others answer on `vllm.port` with the API key
+        (the door's to send). The cluster itself when it is one group."""
+        if self._replica is not None or self.replicas == 1:
+            return [self]
+        size = len(self.members)
+        shares = [self.nodes[i * size : (i + 1) * size] for i in range(self.replicas)]
+        heads = tuple(share[0] for share in shares)
+        return [self._view(i, share, heads) for i, share in enumerate(shares)]
+
+    def _view(self, index: int, share: list[Node], heads: tuple[Node, ...]) -> Cluster:
+        door = self.front_door if index == 0 else self.front_door.model_copy(
+            update={"enabled": False})  # fmt: skip
+        view = self.model_copy(update={"nodes": share, "front_door": door})
+        view._replica, view._heads, view._whole_hash = index, heads, self.config_hash()
+        return view
+
+    @property
+    def replica(self) -> int:
+        """This group's index among the replicas (0: the first, with the front door)."""
+        return self._replica or 0
+
+    @property
+    def replica_heads(self) -> tuple[Node, ...]:
+        """Every replica's head, in order (a view's; one group's own head otherwise)."""
+        return self._heads or (self.head,)
 
     @property
     def gpu_total(self) -> int:
-        return sum(n.gpus for n in self.nodes)
+        return sum(n.gpus for n in self.members)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -167,8 +214,22 @@ class Cluster(Strict):
         return node.interface or self.interface or ""
 
     def config_hash(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """The config's, for its lock (a replica's: the whole config's). Keys added since locks
+        were made count only when set away from their defaults, so a lock made before them still
+        matches."""
+        if self._whole_hash:
+            return self._whole_hash
+        data = self.model_dump(mode="json")
+        for section, key, default in _LATER_KEYS:
+            where = data.get(section, {}) if section else data
+            if where.get(key) == default:
+                del where[key]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# (section or "", key, default): keys added after locks were first written (config_hash).
+_LATER_KEYS = [("", "replicas", 1), ("front_door", "balance", "leastconn")]
 
 
 # How a pattern mismatch is explained, per pattern.

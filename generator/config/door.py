@@ -3,6 +3,8 @@ writes its configuration)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from generator.config import sections
@@ -33,4 +35,11 @@ class FrontDoor(Strict):
     )
     concurrency: int = Field(
         default=0, ge=0, le=100_000, description="Per key: requests at once (0: no limit)."
+    )
+    balance: Literal["leastconn", "prefix"] = Field(
+        default="leastconn",
+        description="How the door shares requests between replicas: `leastconn`, to the one with "
+        "the fewest at once; `prefix`, by a hash of the request's first 256 bytes (its model and "
+        "the start of its prompt), so that a shared prefix meets its cache, no replica taking over "
+        "1.25x the mean load.",
     )

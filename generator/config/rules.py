@@ -7,7 +7,7 @@ import re
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING
 
-from generator.config import mounts, ports
+from generator.config import groups, mounts, ports
 
 if TYPE_CHECKING:
     from generator.config import Cluster
@@ -57,7 +57,7 @@ RAY_METRICS = "RAY_enable_metrics_collection"  # off unless metrics.ray_port (po
 def problems(c: Cluster) -> list[str]:
     return [
         *_node_problems(c),
-        *_parallel_problems(c),
+        *groups.problems(c),
         *_port_problems(c),
         *mounts.model_problems(c),
         *_metrics_problems(c),
@@ -148,21 +148,6 @@ def _metrics_problems(c: Cluster) -> list[str]:
         found.append("metrics.ray_port: backend native runs no Ray, so nothing would export there;"
                      " leave it out")  # fmt: skip
     return found
-
-
-def _parallel_problems(c: Cluster) -> list[str]:
-    tp, pp = c.tensor_parallel_size, c.vllm.pipeline_parallel_size
-    if tp * pp > c.gpu_total:
-        return [
-            f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} GPUs asked for,"
-            f" the nodes have {c.gpu_total}"
-        ]
-    if c.backend == "native" and (tp * pp) % len(c.nodes):
-        return [
-            f"vllm.tensor_parallel_size: TP {tp} x PP {pp} = {tp * pp} ranks do not divide over"
-            f" {len(c.nodes)} nodes; the native backend runs as many on each node"
-        ]
-    return []
 
 
 def _port_problems(c: Cluster) -> list[str]:

@@ -12,7 +12,7 @@ from generator.base import sidefiles
 from generator.base.errors import BadFile
 from generator.config import Cluster
 from generator.nodes import keys
-from generator.stack import SECRET_NAMES, doorfiles, frontdoor
+from generator.stack import SECRET_NAMES, doorbalance, doorfiles, frontdoor
 from generator.stack.output import write_atomic
 
 DOOR_KEYS = "front_door_keys"  # made from the API key and the keys' file, not read from a file
@@ -31,7 +31,7 @@ def made(
 ) -> None:
     """The door's files made (when `generate`) and listed into `files`, or `missing`."""
     found = Found(files, missing)
-    _door_keys(config, found, generate)
+    _door_keys(config, found, generate, replicated=cluster.replicas > 1)
     _door_routes(config, cluster, found, generate)
 
 
@@ -50,17 +50,19 @@ def readable(config: Path) -> None:
     peer_hash({PEER_KEY: _path(config, PEER_KEY)})
 
 
-def _door_keys(config: Path, found: Found, generate: bool) -> None:
+def _door_keys(config: Path, found: Found, generate: bool, replicated: bool) -> None:
     """The front door's keys: SHA-256 hash -> name, the API key's as `admin`, written beside the
     config (mode 0600) when it changed; never a key itself. And its key at the other doors on
-    the nodes (doorfiles.peer_key: made from the API key, as its only secret)."""
+    the nodes (doorfiles.peer_key: made from the API key, as its only secret), with the API key
+    itself when `replicated` (the replicas on other nodes want it)."""
     key = found.files.get("api_key")
     text = peer = None
     if key is not None and generate:
         api_key = key.read_bytes().rstrip(b"\n")
         digest = doorfiles.hashed(api_key)
         text = doorfiles.keys_map(keys.hashes(config) | {doorfiles.ADMIN: digest})
-        peer = doorfiles.peer_key_map(doorfiles.peer_key(api_key))
+        upstream = api_key.decode() if replicated else None
+        peer = doorfiles.peer_key_map(doorfiles.peer_key(api_key), upstream)
     _made(config, found, DOOR_KEYS, text)
     _made(config, found, PEER_KEY, peer)
 
@@ -80,9 +82,17 @@ def peer_hash(files: dict[str, Path]) -> str | None:
     path = files.get(PEER_KEY)
     if path is None or not (path.exists() or path.is_symlink()):
         return None
-    words = sidefiles.read(path, LIMIT).split()
-    if len(words) != 2 or words[0] != "door" or not doorfiles.HASH.fullmatch(words[1]):
-        raise BadFile(f"{path}: not the door's key (one line: door, then 64 hex digits)",
+    lines = sidefiles.read(path, LIMIT).splitlines()
+    words = lines[0].split() if lines else []
+    more = [line.split(" ")[0] for line in lines[1:]]
+    if (
+        len(words) != 2
+        or words[0] != "door"
+        or not doorfiles.HASH.fullmatch(words[1])
+        or any(word != doorbalance.UPSTREAM for word in more)
+    ):
+        raise BadFile(f"{path}: not the door's key (door, then 64 hex digits; with replicas a"
+                      " line vllm, then the API key)",
                       "remove it: the next command makes it again from the API key")  # fmt: skip
     return doorfiles.hashed(words[1])
 

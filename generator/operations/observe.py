@@ -33,13 +33,14 @@ class ServiceRow(BaseModel):
 
 class StatusRow(BaseModel):
     """One node in `status --json`; `ray_alive_at_ip` only with the Ray backend, `error` only
-    when the node's engine did not answer."""
+    when the node's engine did not answer, `replica` only with replicas."""
 
     node: str
     ip: str
     services: list[ServiceRow] = []
     error: str | None = None
     ray_alive_at_ip: bool | None = None
+    replica: int | None = None  # with replicas: which (1 on)
 
 
 def status(fleet: Fleet) -> list[StatusRow]:
@@ -48,6 +49,8 @@ def status(fleet: Fleet) -> list[StatusRow]:
     rows = []
     for node in fleet.cluster.nodes:
         row = StatusRow(node=node.name, ip=str(node.ip), services=[])
+        if fleet.cluster.replicas > 1:
+            row.replica = fleet.cluster.replica + 1
         try:
             row.services = [
                 ServiceRow(

@@ -9,6 +9,7 @@ user's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,24 @@ class Opened:
     @property
     def fleet(self) -> Fleet:
         return self.deployment.fleet
+
+    @property
+    def groups(self) -> list[Deployment]:
+        """A deployment per replica (each over its own nodes, saying which it is), the first
+        with the front door; the one deployment when the cluster is one group."""
+        fleet = self.fleet
+        if fleet.cluster.replicas == 1:
+            return [self.deployment]
+        return [
+            dataclasses.replace(self.deployment, fleet=Fleet(
+                group, fleet.outdir, _said(fleet.report, f"replica {group.replica + 1}: "),
+                fleet.secret_files, fleet.source))
+            for group in fleet.cluster.groups
+        ]  # fmt: skip
+
+
+def _said(report: Report, prefix: str) -> Report:
+    return lambda line: report(prefix + line)
 
 
 def folder_for(cluster: config.Cluster, outdir: Path | None) -> Path:

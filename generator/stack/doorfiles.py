@@ -73,9 +73,10 @@ def peer_key(api_key: bytes) -> str:
     return hmac.new(api_key, b"vllm-compose front door", hashlib.sha256).hexdigest()
 
 
-def peer_key_map(key: str) -> str:
-    """The door's own key, as the map of one line the backend `doors` reads."""
-    return f"door {key}\n"
+def peer_key_map(key: str, upstream: str | None = None) -> str:
+    """The door's own key, as the map of one line the backend `doors` reads; with replicas, a
+    line `vllm` more: the API key, which the replicas on other nodes want (stack/doorbalance)."""
+    return f"door {key}\n" + (f"vllm {upstream}\n" if upstream else "")
 
 
 def hashed(key: str | bytes) -> str:

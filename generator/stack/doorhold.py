@@ -51,21 +51,37 @@ def inner(local: str, retry_after: int) -> list[str]:
     """The inner proxy: each try paced, then sent to its route's vLLM on `local` once; a dead
     engine's 500 made a 503 with `Retry-After` (the client's, were it the last try)."""
     return [
-        "frontend hold",
-        f"    bind unix@{SOCKET} mode 600",
+        *paced("hold", SOCKET, "vllm"),
+        "backend vllm",
+        f"    http-request set-dst ipv4({local})",
+        f"    http-request set-dst-port req.hdr({ROUTE})",
+        *answered(retry_after),
+        "    server vllm 0.0.0.0:0",
+    ]
+
+
+def paced(frontend: str, socket: str, backend: str) -> list[str]:
+    """A frontend of the inner proxy on `socket`: a try of a request it has seen already (its
+    id, in its own table) waits a second, then goes to `backend`."""
+    return [
+        f"frontend {frontend}",
+        f"    bind unix@{socket} mode 600",
         "    stick-table type string len 64 size 10k expire 1m store http_req_cnt",
         f"    http-request track-sc0 req.hdr({TRY})",
         f"    http-request lua.{PACE} if {{ sc_http_req_cnt(0) gt 1 }}",
-        "    default_backend vllm",
-        "backend vllm",
+        f"    default_backend {backend}",
+    ]
+
+
+def answered(retry_after: int) -> list[str]:
+    """An inner backend's lines before its server: asked once, our headers taken off, a dead
+    engine's 500 made a 503."""
+    return [
         "    retries 0",
-        f"    http-request set-dst ipv4({local})",
-        f"    http-request set-dst-port req.hdr({ROUTE})",
         f"    http-request del-header {TRY}",
         f"    http-request del-header {ROUTE}",
         "    http-response wait-for-body time 1s if { status 500 }",
         f"    acl dead res.body -m sub {DEAD!r}",
         f"    http-response set-header Retry-After {retry_after} if {{ status 500 }} dead",
         "    http-response set-status 503 if { status 500 } dead",
-        "    server vllm 0.0.0.0:0",
     ]

@@ -27,12 +27,12 @@ HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from generator.config import ports
-from generator.stack import doorhold, doorusage
+from generator.stack import doorbalance, doorhold, doorusage
+from generator.stack.doorerrors import ERRORS, TOO_MANY, UNAUTHORIZED, UNAVAILABLE
 from generator.stack.doorfiles import ADMIN, FILES, LOCAL, PEER, Route
 from generator.stack.monitoring import Sidecar
 
@@ -67,34 +67,24 @@ class Limits:
     concurrency: int  # requests at once per key; 0: none
 
 
-def error(message: str, kind: str, code: str) -> str:
-    """OpenAI's error body, as one HAProxy string argument (single-quoted, JSON inside: a quote
-    in it is JSON's escape, as nothing escapes inside HAProxy's single quotes)."""
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return "'" + json.dumps(body, separators=(",", ":")).replace("'", "\\u0027") + "'"
-
-
-UNAUTHORIZED = error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
-TOO_MANY = error("Rate limit reached for this key.", "rate_limit_error", "rate_limit_exceeded")
-UNAVAILABLE = error("The model is not serving now; try again.", "server_error", "unavailable")
-# HAProxy's own errors, in OpenAI's shape too (its defaults are HTML): status -> body. (Not a
-# request HAProxy cannot parse: HAProxy 2.6 answers that, and headers too slow, in HTML.)
-ERRORS = {
-    408: error("The request did not arrive in time.", "invalid_request_error", "request_timeout"),
-    500: error("The front door failed this request.", "server_error", "internal_error"),
-    502: error("The model server broke off its answer or gave none.", "server_error",
-               "bad_gateway"),
-    504: error("The model server did not answer in time.", "server_error", "gateway_timeout"),
-}  # fmt: skip
-
-
-def config(port: int, hold: int, own: Route, limits: Limits, counts: int | None = None) -> str:
+def config(
+    port: int,
+    hold: int,
+    own: Route,
+    limits: Limits,
+    counts: int | None = None,
+    replicas: doorbalance.Replicas | None = None,
+) -> str:
     """haproxy.cfg: the frontend on `port` (every address); the backend `models` sends a request
     to its model's vLLM (`own`, the door's own cluster's, when it names none), held through the
-    inner proxy; `counts`: the loopback UDP port its log lines also go to (mtail's)."""
-    front = _frontend(port, own, limits, counted=counts is not None)
+    inner proxy; `counts`: the loopback UDP port its log lines also go to (mtail's); `replicas`:
+    the door's own model is shared between them (doorbalance.py)."""
+    front = _frontend(port, own, limits, counted=counts is not None, balanced=bool(replicas))
+    back = _backends(hold, own, replicas)
     held = doorhold.inner(LOCAL, RETRY_AFTER)
-    return "\n".join([*_global(counts), *_defaults(), *front, *_backends(hold, own), *held, ""])
+    if replicas:
+        held += doorbalance.inner(replicas.addresses, RETRY_AFTER, PEER_KEY)
+    return "\n".join([*_global(counts), *_defaults(), *front, *back, *held, ""])
 
 
 def _global(counts: int | None) -> list[str]:
@@ -133,7 +123,7 @@ def _defaults() -> list[str]:
     ]
 
 
-def _frontend(port: int, own: Route, limits: Limits, counted: bool) -> list[str]:
+def _frontend(port: int, own: Route, limits: Limits, counted: bool, balanced: bool) -> list[str]:
     lines = [
         "frontend api",
         f"    bind :{port}",
@@ -156,8 +146,12 @@ def _frontend(port: int, own: Route, limits: Limits, counted: bool) -> list[str]
         lines.append(_too_many(f"sc_http_req_rate(0) gt {limits.requests_per_minute}", 60))
     if limits.concurrency:
         lines.append(_too_many(f"sc_conn_cur(0) gt {limits.concurrency}", 1))
-    lines += [
-        *_usage(),
+    return [*lines, *_usage(), *_routed(own, counted, balanced)]
+
+
+def _routed(own: Route, counted: bool, balanced: bool) -> list[str]:
+    """Where a request goes: the model list, or its model's backend by the routes' map."""
+    return [
         "    http-request return status 200 content-type application/json"
         f" file {MODEL_LIST} if {{ path /v1/models }} {{ method GET }}",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
@@ -168,11 +162,15 @@ def _frontend(port: int, own: Route, limits: Limits, counted: bool) -> list[str]
         # A request naming no model goes to the door's own cluster, as vLLM takes it.
         f"    http-request set-var(txn.route) str({own.port}) unless {{ var(txn.model) -m found }}",
         "    use_backend health if { var(txn.open) -m bool }",
+        *(
+            [f"    use_backend {doorbalance.BACKEND} if {{ var(txn.route) -m str {own.port} }}"]
+            if balanced
+            else []
+        ),
         "    use_backend doors if { var(txn.route) -m sub : }",
         "    use_backend models if { var(txn.route) -m found }",
         "    default_backend unknown",
     ]
-    return lines
 
 
 def _logged() -> list[str]:
@@ -233,7 +231,13 @@ def _too_many(condition: str, retry_after: int) -> str:
     )
 
 
-def _backends(hold: int, own: Route) -> list[str]:
+def _backends(hold: int, own: Route, replicas: doorbalance.Replicas | None) -> list[str]:
+    if replicas:
+        balanced = doorbalance.backend(len(replicas.addresses), hold, replicas.balance)
+        health = doorbalance.health(len(replicas.addresses))
+    else:
+        balanced = []
+        health = [f"    server vllm 127.0.0.1:{own.port}"]
     return [
         "backend unknown",
         "    http-request return status 404 content-type application/json lf-string"
@@ -251,11 +255,12 @@ def _backends(hold: int, own: Route) -> list[str]:
         "    http-request set-dst var(txn.route),field(1,:)",
         "    http-request set-dst-port var(txn.route),field(2,:)",
         "    server door 0.0.0.0:0",
+        *balanced,
         # The door's own cluster's vLLM, asked once: a refused connection is a 503 at once.
         "backend health",
         "    retries 0",
         "    timeout server 10s",
-        f"    server vllm 127.0.0.1:{own.port}",
+        *health,
     ]
 
 
@@ -271,7 +276,7 @@ def configs(c: Cluster) -> dict[str, str]:
     limits = Limits(door.requests_per_minute, door.concurrency)
     counts = ports.door_log(c) if c.metrics else None
     return {
-        CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts),
+        CONFIG: config(c.vllm.port, door.hold, own(c), limits, counts, doorbalance.of(c)),
         doorusage.CONFIG: doorusage.SCRIPT,
         doorhold.CONFIG: doorhold.SCRIPT,
     }

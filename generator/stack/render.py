@@ -66,8 +66,9 @@ def wrapper_tag(cluster: Cluster) -> str:
 
 
 def node_stacks(cluster: Cluster, source: str) -> list[NodeStack]:
+    """Every node's stack, as a node of its replica (the cluster's one group, without)."""
     image = wrapper_tag(cluster)
-    return [NodeStack(cluster, node, source, image) for node in cluster.nodes]
+    return [NodeStack(g, node, source, image) for g in cluster.groups for node in g.nodes]
 
 
 def render(cluster: Cluster, source: str, secrets: dict[str, str] | None = None) -> dict[str, File]:

@@ -1,0 +1,86 @@
+"""Replicas with real vLLM (CPU build) on the emulated nodes: two groups of the tiny model, TP=1
+each, one per node, behind the first node's front door (config `replicas: 2`), brought up by
+`vllm-compose up`: a load through the door is shared between them, and one replica's vLLM killed
+under load costs no request that had not started its answer."""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import clusters
+from tests.support.clusters import Pair, cli
+from tests.support.load import Load
+from tests.test_e2e import MODEL, config
+
+pytestmark = pytest.mark.testbed
+
+URL = "http://192.168.200.12:30000/v1/chat/completions"  # the first node's door
+
+
+def served_by(bed_head_logs: str) -> collections.Counter[str]:
+    """Which replica the door sent each answered request to, from its log lines (`%b/%s`)."""
+    return collections.Counter(re.findall(r" replicas/(replica-\d) \S+ 200 ", bed_head_logs))
+
+
+def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -> None:
+    bed, tmp = pair
+    head, other = bed.nodes[:2]
+    path = config(tmp, bed, "twins", "native", extra="replicas: 2")
+    up = cli("up", path, cwd=tmp)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "replica 2: serve ..." in up.stderr and "replica 2 phases:" in up.stdout, up.stdout
+    status = cli("status", path, cwd=tmp)
+    assert "spark2 (192.168.200.13), replica 2" in status.stdout, status.stdout
+
+    # A bounded load of 4 clients: each replica answers 30-70% of it.
+    door = clusters.containers(head, "twins")["front-door"]
+    with Load(URL, clusters.api_key(path), MODEL, seconds=20).running(4) as load:
+        while not load.spent():
+            time.sleep(1)
+    assert [r.error for r in load.done if not r.ok] == []
+    shares = served_by(str(head.docker.container.logs(door)))
+    total = sum(shares.values())
+    assert total >= 20 and all(
+        0.3 <= shares[r] / total <= 0.7 for r in ("replica-1", "replica-2")
+    ), shares
+
+    # Replica 2's vLLM killed under load: the door moves what it had not begun to answer.
+    before = len(load.done)
+    with Load(URL, clusters.api_key(path), MODEL, seconds=25).running(4) as load:
+        time.sleep(5)
+        other.docker.container.kill(clusters.containers(other, "twins")["serve"])
+        killed = time.monotonic()
+        while not load.spent():
+            time.sleep(1)
+    failed = [r for r in load.done if not r.ok]
+    assert [r.error for r in failed if not r.streamed] == [], failed  # no plain request
+    # A stream cut in its answer ends with the door's error event: at most those under way.
+    assert len(failed) <= 4 and all(r.start <= killed for r in failed), failed
+    assert len(load.answered_after(killed + 1)) > 10, len(load.done)
+    waits = [r.end - r.start for r in load.done]
+    print(
+        f"lost replica: {len(load.done)} requests, {len(failed)} failed, longest {max(waits):.2f} s"
+        f" (before: {before})"
+    )
+    down = cli("down", path, cwd=tmp)
+    assert down.returncode == 0, down.stderr
+    assert clusters.leftovers(head, "twins") == [] and clusters.leftovers(other, "twins") == []
+
+
+def test_replicas_render_one_folder_a_node_each_starting_with_plain_compose(tmp_path: Path) -> None:
+    """The second replica's folder runs its own vLLM with the API key, on `vllm.port`; the
+    first's door names it (render alone: the by-hand start is tests/test_by_hand.py's way)."""
+    from generator import config as configs
+    from generator.stack import render
+
+    text = (Path(__file__).parent / "cases" / "replicas.yaml").read_text()
+    files = render.render(configs.parse(text), "replicas.yaml", {"api_key": "k"})
+    assert "secrets/api-key" in "".join(f for f in files if f.startswith("spark-3/"))
+    door = files["spark-1/compose.yaml"].text
+    assert "server vllm 192.168.200.14:30000" in door and "replica-2" in door
+    assert "--host" not in files["spark-3/compose.yaml"].text
