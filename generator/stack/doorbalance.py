@@ -3,9 +3,10 @@ its own: HAProxy's own balancing, its health checks and its redispatch; no route
 
 The backend `replicas` picks a replica for each try (`front_door.balance`: least connections,
 or a consistent hash of the request's first bytes with bounded load, for prefix affinity) among
-those whose vLLM answers `GET /health` with 200 (asked every second; one failure takes a replica
-out, two answers put it back). A try goes through the inner proxy's frontend of its replica
-(doorhold.paced), which asks that replica's vLLM once: a refused connection, an empty answer or a
+those whose vLLM answers `GET /health` with 200 (asked every second, 5 s to answer; three
+failures in a row take a replica out, two answers put it back: one slow answer under load, seen
+on the testbed, must not). Meanwhile a lost replica costs a try a millisecond, not a wait: a try
+goes through the inner proxy's frontend of its replica (doorhold.paced), which asks that replica's vLLM once: a refused connection, an empty answer or a
 dead engine come back as 502 or 503, and the next try goes at once to another replica
 (`option redispatch 1`: HAProxy leaves out the server the last try failed on). A replica a
 request has tried already waits a second first, so that with every replica gone the request is
@@ -72,7 +73,7 @@ def backend(count: int, hold: int, balance: str) -> list[str]:
         "    timeout check 5s",
         f"    http-request set-header {doorhold.TRY} %[unique-id]",
         f"    http-request set-header {doorhold.ROUTE} %[var(txn.route)]",  # for the backup's
-        *(f"    server replica-{i + 1} unix@{socket(i)} check inter 1s fall 1 rise 2"
+        *(f"    server replica-{i + 1} unix@{socket(i)} check inter 1s fall 3 rise 2"
           for i in range(count)),
         f"    server hold unix@{doorhold.SOCKET} backup",
     ]  # fmt: skip
