@@ -1,17 +1,18 @@
-"""How the front door shares one model between its replicas (config `replicas`), each a group of
-its own: HAProxy's own balancing, its health checks and its redispatch; no router of ours.
+"""How the front door shares one model between its replicas (config `replicas`), each a group of its
+own: HAProxy's own balancing, its health checks and its redispatch; no router of ours.
 
-The backend `replicas` picks a replica for each try (`front_door.balance`: least connections,
-or a consistent hash of the request's first bytes with bounded load, for prefix affinity) among
-those whose vLLM answers `GET /health` with 200 (asked every second, 5 s to answer; three
-failures in a row take a replica out, two answers put it back: one slow answer under load, seen
-on the testbed, must not). Meanwhile a lost replica costs a try a millisecond, not a wait: a try
-goes through the inner proxy's frontend of its replica (doorhold.paced), which asks that replica's vLLM once: a refused connection, an empty answer or a
-dead engine come back as 502 or 503, and the next try goes at once to another replica
-(`option redispatch 1`: HAProxy leaves out the server the last try failed on). A replica a
-request has tried already waits a second first, so that with every replica gone the request is
-held as with one (`front_door.hold` seconds). While no replica passes its check, the tries go
-to the door's own group through the holding proxy (the backup server), a second apart.
+The backend `replicas` picks a replica for each try (`front_door.balance`: least connections, or a
+consistent hash of the request's first bytes with bounded load, for prefix affinity) among those
+whose vLLM answers `GET /health` with 200 (asked every second, 5 s to answer; three failures in a
+row take a replica out, two answers put it back: one slow answer under load, seen on the testbed,
+must not). Meanwhile a lost replica costs a try a millisecond, not a wait: a try goes through the
+inner proxy's frontend of its replica (doorhold.paced), which asks that replica's vLLM once: a
+refused connection, an empty answer or a dead engine come back as 502 or 503, and the next try goes
+at once to another replica (`option redispatch 1`: HAProxy leaves out the server the last try
+failed on). A replica a request has tried already waits a second first, so that with every replica
+gone the request is held as with one (`front_door.hold` seconds). While no replica passes its
+check, the tries go to the door's own group through the holding proxy (the backup server), a second
+apart.
 """
 
 from __future__ import annotations
