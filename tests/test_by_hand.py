@@ -18,6 +18,7 @@ from tests.support import clusters, images
 from tests.support.clusters import Pair, cli
 from tests.support.testbed import Node, Testbed
 from tests.test_e2e import MODEL, VLLM, VLLM_RAY
+from tests.test_replicas import REPLICAS
 
 pytestmark = pytest.mark.testbed
 
@@ -90,7 +91,10 @@ def down(head: Node, worker: Node, folders: Path, backend: str) -> None:
         assert clusters.leftovers(node, "byhand") == []
 
 
-@pytest.mark.parametrize("backend", ["native", "ray"])
+# "replicas": two native groups of one node each behind the first's door (tests/test_replicas.py
+# starts them with `up`); by hand, each node's folder starts its replica and the door finds the
+# other. "ray": one group over both nodes.
+@pytest.mark.parametrize("backend", ["replicas", "ray"])
 def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere(
     pair: Pair, backend: str
 ) -> None:
@@ -101,9 +105,10 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
         "byhand",
         [head, worker],
         images.VLLM,
-        backend=backend,
+        backend="ray" if backend == "ray" else "native",
         model=MODEL,
         vllm=VLLM_RAY if backend == "ray" else VLLM,
+        extra="" if backend == "ray" else REPLICAS,
     )
     rendered = cli("render", path, cwd=tmp)
     assert rendered.returncode == 0, rendered.stderr
@@ -121,6 +126,8 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     behind = worker.nsexec("curl", "-s", "-m", "5", "http://192.168.200.12:8400/v1/models",
                            check=False)  # fmt: skip
     assert behind.returncode == 7, behind  # curl: could not connect
+    if backend == "replicas":
+        both(worker, folders / "spark1", head)
     down(head, worker, folders, backend)
 
     # The folders copied elsewhere, the originals and the config's files gone: nothing in them
@@ -135,4 +142,14 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     done(compose(worker, elsewhere / "spark2", "up", "-d"))
     done(starting)
     assert answered(worker, elsewhere / "spark1")["usage"]["completion_tokens"] == 4
+    if backend == "replicas":
+        both(worker, elsewhere / "spark1", head)
     down(head, worker, elsewhere, backend)
+
+
+def both(client: Node, folder: Path, head: Node) -> None:
+    """The door answers from both replicas (its log names the one of each request)."""
+    for _ in range(6):
+        answered(client, folder)
+    logged = str(head.docker.container.logs("byhand-front-door-1"))
+    assert "replicas/replica-1 " in logged and "replicas/replica-2 " in logged, logged[-2000:]

@@ -410,3 +410,13 @@ def test_any_accepted_value_renders_a_file_compose_reads_back_exactly(
     escaped = [v.replace("$", "$$") for v in values]
     assert [service["environment"][f"V{i}"] for i in range(len(values))] == escaped
     assert service["command"][-len(values) :] == escaped
+
+
+def test_replicas_render_one_folder_a_node_each_the_first_with_the_door() -> None:
+    """The second replica's folder runs its own vLLM with the API key, on `vllm.port`; the
+    first's door names it (started by hand in tests/test_by_hand.py)."""
+    files = render.render(config.load(CASES / "replicas.yaml"), "replicas.yaml", {"api_key": "k"})
+    assert "secrets/api-key" in "".join(f for f in files if f.startswith("spark-3/"))
+    door = files["spark-1/compose.yaml"].text
+    assert "server vllm 192.168.200.14:30000" in door and "replica-2" in door
+    assert "--host" not in files["spark-3/compose.yaml"].text

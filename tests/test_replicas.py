@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -44,7 +43,7 @@ def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -
 
     # A bounded load of 4 clients, answers of 64 tokens: each replica answers 30-70% of it.
     door = clusters.containers(head, "twins")["front-door"]
-    load = Load(URL, clusters.api_key(path), MODEL, max_tokens=64, seconds=20)
+    load = Load(URL, clusters.api_key(path), MODEL, max_tokens=64, seconds=10)
     with load.running(4):
         while not load.spent():
             time.sleep(1)
@@ -54,14 +53,14 @@ def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -
     total = sum(shares.values())
     said = [line for line in logged.splitlines() if "Server replicas/" in line]
     print(f"shares: {dict(shares)}")
-    assert total >= 20 and all(
+    assert total >= 10 and all(
         0.3 <= shares[r] / total <= 0.7 for r in ("replica-1", "replica-2")
     ), (shares, said[-10:])
 
     # Replica 2's vLLM killed under load: the door moves what it had not begun to answer.
     before = len(load.done)
-    with Load(URL, clusters.api_key(path), MODEL, seconds=25).running(4) as load:
-        time.sleep(5)
+    with Load(URL, clusters.api_key(path), MODEL, seconds=12).running(4) as load:
+        time.sleep(4)
         other.docker.container.kill(clusters.containers(other, "twins")["serve"])
         killed = time.monotonic()
         while not load.spent():
@@ -79,17 +78,3 @@ def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert clusters.leftovers(head, "twins") == [] and clusters.leftovers(other, "twins") == []
-
-
-def test_replicas_render_one_folder_a_node_each_starting_with_plain_compose(tmp_path: Path) -> None:
-    """The second replica's folder runs its own vLLM with the API key, on `vllm.port`; the
-    first's door names it (render alone: the by-hand start is tests/test_by_hand.py's way)."""
-    from generator import config as configs
-    from generator.stack import render
-
-    text = (Path(__file__).parent / "cases" / "replicas.yaml").read_text()
-    files = render.render(configs.parse(text), "replicas.yaml", {"api_key": "k"})
-    assert "secrets/api-key" in "".join(f for f in files if f.startswith("spark-3/"))
-    door = files["spark-1/compose.yaml"].text
-    assert "server vllm 192.168.200.14:30000" in door and "replica-2" in door
-    assert "--host" not in files["spark-3/compose.yaml"].text
