@@ -1,7 +1,9 @@
 """Replicas with real vLLM (CPU build) on the emulated nodes: two groups of the tiny model, TP=1
 each, one per node, behind the first node's front door (config `replicas: 2`), brought up by
-`vllm-compose up`: a load through the door is shared between them, and one replica's vLLM killed
-under load costs no request that had not started its answer."""
+`vllm-compose up`: a load through the door is shared between them, an upgrade rolls replica by
+replica under load with no failed request (a broken image rolled back on the first, the second
+never touched), and one replica's vLLM killed under load costs no request that had not started
+its answer."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import time
 
 import pytest
 
-from tests.support import clusters
+from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
 from tests.support.load import Load
+from tests.support.testbed import Node
 from tests.test_e2e import MODEL, config
 from tests.test_e2e import pair as pair  # the fixture
+from tests.test_upgrade import broken_image
 
 pytestmark = pytest.mark.testbed
 
@@ -31,7 +35,18 @@ def served_by(bed_head_logs: str) -> collections.Counter[str]:
     return collections.Counter(re.findall(r" replicas/(replica-\d) \S+ 200 ", bed_head_logs))
 
 
-def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -> None:
+def ids(node: Node) -> dict[str, str]:
+    return {name: c.id for name, c in clusters.containers(node, "twins").items()}
+
+
+def max_model_len(node: Node) -> int:
+    command = node.docker.container.inspect("twins-serve-1").config.cmd or []
+    return int(command[command.index("--max-model-len") + 1])
+
+
+def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_request(
+    pair: Pair,
+) -> None:
     bed, tmp = pair
     head, other = bed.nodes[:2]
     path = config(tmp, bed, "twins", "native", extra=REPLICAS)
@@ -57,6 +72,29 @@ def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -
         0.3 <= shares[r] / total <= 0.7 for r in ("replica-1", "replica-2")
     ), (shares, said[-10:])
 
+    # An upgrade under load rolls replica by replica, each drained first: no request fails.
+    good = path.read_text()
+    path.write_text(good.replace("max_model_len: 256", "max_model_len: 200"))
+    rolling = Load(URL, clusters.api_key(path), MODEL, seconds=300, pause=0.2)
+    with rolling.running(2) as load:
+        rolled = cli("upgrade", path, cwd=tmp, timeout=600)
+    print(rolled.stdout)
+    assert rolled.returncode == 0, rolled.stderr[-3000:]
+    assert "drain: replica 2: no new requests" in rolled.stderr, rolled.stderr
+    assert [r.error for r in load.done if not r.ok] == [], len(load.done)
+    assert max_model_len(head) == max_model_len(other) == 200
+    print(f"rolling upgrade: {len(load.done)} requests, none failed")
+
+    # A broken image: the first replica's start fails and it serves as before again; the
+    # second is never touched.
+    untouched = ids(other)
+    path.write_text(good.replace(images.VLLM, broken_image(bed, images.VLLM)))
+    broken = cli("upgrade", path, cwd=tmp, timeout=600)
+    assert broken.returncode == 1 and "phase 'serve' failed" in broken.stderr, broken.stderr
+    assert "; rolled back: the stack of " in broken.stderr, broken.stderr
+    assert ids(other) == untouched and max_model_len(head) == 200
+    assert faults.answers(head, clusters.api_key(path))
+
     # Replica 2's vLLM killed under load: the door moves what it had not begun to answer.
     before = len(load.done)
     with Load(URL, clusters.api_key(path), MODEL, seconds=12).running(4) as load:
@@ -77,4 +115,6 @@ def test_two_replicas_share_a_load_and_a_lost_one_costs_no_request(pair: Pair) -
     )
     down = cli("down", path, cwd=tmp)
     assert down.returncode == 0, down.stderr
-    assert clusters.leftovers(head, "twins") == [] and clusters.leftovers(other, "twins") == []
+    # Compile caches aside: the upgraded-from stack's is kept for a rollback (clusters.uncached).
+    for node in (head, other):
+        assert clusters.uncached(clusters.leftovers(node, "twins")) == []

@@ -7,6 +7,7 @@ fails, the stack that served before (history.py) is started again and the lock p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -20,7 +21,7 @@ from generator import config
 from generator.base import probes
 from generator.base.errors import PhaseError, RolledBack, VllmComposeError, reason
 from generator.config import ports
-from generator.nodes import door
+from generator.nodes import door, doorreplicas, survey
 from generator.operations import gate, history, lock
 from generator.operations.deploy import Result
 from generator.operations.workflow import Opened
@@ -31,6 +32,8 @@ Open = Callable[..., AbstractContextManager[Opened]]
 # Seconds the old group's containers have to stop in a switch before they are killed: by then it
 # is being replaced, and every second it takes is downtime.
 SWITCH_STOP = 2
+DRAIN = 600  # seconds a replica's requests under way have to end before it goes down anyway
+BACK = 120  # seconds for a replica back in service to pass the door's checks
 
 
 @dataclass
@@ -57,20 +60,35 @@ def upgrade(path: Path, open_: Open, accept_changed_answers: bool = False) -> Sw
     with contextlib.ExitStack() as stack:
         try:  # re-lock and render (opening), then stage: the old group serves on meanwhile
             staged = stack.enter_context(open_(path, update_lock=True, with_secrets=True))
-            staged.deployment.stage(result)
+            made = survey.volumes(staged.cluster)
+            _same_replicas(staged, previous)
+            for group in staged.groups:
+                group.stage(result)
         except (VllmComposeError, DockerException):
             _restore_files(path, previous, open_)
             raise
         canary = Canary(before, accept_changed_answers)
-        return _switch(path, staged, result, previous, open_, canary)
+        switch = _rolling if staged.cluster.replicas > 1 else _switch
+        try:
+            return switch(path, staged, result, previous, open_, canary)
+        except RolledBack:
+            staged.fleet.drop_volumes_since(made)  # the failed stack's (its compile cache)
+            raise
 
 
 def rollback(path: Path, open_: Open) -> Switched:
-    """The stack before the one that serves now, started in its place."""
+    """The stack before the one that serves now, started in its place (replica by replica, each
+    drained first, with replicas)."""
     entry = history.before_latest(path)
     result = Result()
     with open_(path, with_secrets=True, entry=entry) as back:
         start = time.monotonic()
+        if back.cluster.replicas > 1:
+            for index in range(back.cluster.replicas):
+                _replica_back(back, index, result)
+            _put_lock_back(path, entry)
+            now = history.record(path, entry.config_text, entry.locked)
+            return Switched(result, time.monotonic() - start, now)
         back.fleet.report("rollback: taking the group that serves now down")
         door.group_down(back.fleet, stop=SWITCH_STOP)
         back.deployment.start(result)
@@ -107,6 +125,80 @@ def _switch(
         raise RolledBack(reason(e), previous.when, hint) from e
     entry = history.record(path, staged.config_text, lock.read(path))
     return Switched(result, time.monotonic() - start, entry)
+
+
+def _same_replicas(staged: Opened, previous: history.Entry) -> None:
+    """A change of `replicas` moves nodes between groups: not an upgrade's to roll."""
+    was = config.parse(previous.config_text).replicas
+    if staged.cluster.replicas != was:
+        raise VllmComposeError(
+            f"replicas: {was} serve now and the config asks for {staged.cluster.replicas}; an"
+            " upgrade rolls replicas as they are",
+            hint="change replicas with: vllm-compose down CONFIG, then vllm-compose up CONFIG",
+        )
+
+
+def _rolling(
+    path: Path,
+    staged: Opened,
+    result: Result,
+    previous: history.Entry,
+    open_: Open,
+    canary: Canary,
+) -> Switched:
+    """Replica by replica, the others serving meanwhile: drained at the door (no new request;
+    those under way end), its group down, the new one up behind its gate, its golden prompt and
+    `check`'s answers asked, then back in the door's rotation. A replica that fails is started
+    again as it served, the replicas before it too, one by one; the upgrade stops there."""
+    start = time.monotonic()
+    for index, group in enumerate(staged.groups):
+        one = dataclasses.replace(staged, deployment=group, cluster=group.fleet.cluster)
+        try:
+            _drained(staged, index)
+            group.fleet.report("switch: taking the old replica down (volumes kept)")
+            door.group_down(group.fleet, stop=SWITCH_STOP)
+            group.start(result)
+            golden(one)
+            answers(path, one, canary)
+            _back_in(staged, index)
+        except (VllmComposeError, DockerException) as e:
+            if isinstance(e, PhaseError) and e.phase == "canary":
+                group.take_down("canary failed", "taken down")
+            with open_(path, with_secrets=True, entry=previous) as back:
+                for earlier in range(index, -1, -1):
+                    _replica_back(back, earlier, Result(), drain=earlier != index)
+            _put_lock_back(path, previous)
+            hint = e.hint if isinstance(e, VllmComposeError) else None
+            raise RolledBack(reason(e), previous.when, hint) from e
+    entry = history.record(path, staged.config_text, lock.read(path))
+    return Switched(result, time.monotonic() - start, entry)
+
+
+def _drained(opened: Opened, index: int) -> None:
+    fleet = opened.fleet
+    fleet.report(f"drain: replica {index + 1}: no new requests; those under way end first")
+    left = doorreplicas.drained(fleet, index, DRAIN)
+    if left:
+        fleet.report(f"drain: replica {index + 1}: {left} request(s) still under way after"
+                     f" {DRAIN} s; they end with it")  # fmt: skip
+
+
+def _back_in(opened: Opened, index: int) -> None:
+    if not doorreplicas.ready(opened.fleet, index, BACK):
+        raise PhaseError(opened.fleet.head.name, "front door", f"replica {index + 1} serves but"
+                         f" did not pass the door's checks within {BACK} s")  # fmt: skip
+    opened.fleet.report(f"front door: replica {index + 1} is back in its rotation")
+
+
+def _replica_back(back: Opened, index: int, result: Result, drain: bool = True) -> None:
+    """Replica `index` of the stack `back` opens started in place of the one that serves."""
+    group = back.groups[index]
+    if drain:
+        _drained(back, index)
+    group.fleet.report(f"rollback: replica {index + 1}: starting the stack that served before")
+    door.group_down(group.fleet, stop=SWITCH_STOP)
+    group.start(result)
+    _back_in(back, index)
 
 
 def golden(opened: Opened) -> None:

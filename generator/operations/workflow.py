@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class Opened:
     def fleet(self) -> Fleet:
         return self.deployment.fleet
 
-    @property
+    @functools.cached_property
     def groups(self) -> list[Deployment]:
         """A deployment per replica (each over its own nodes, saying which it is), the first
         with the front door; the one deployment when the cluster is one group."""

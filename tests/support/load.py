@@ -41,6 +41,7 @@ class Load:
     max_tokens: int = 8
     seconds: float = SECONDS  # the load's bound in time; MAX_RATE a second of it, in count
     until: float = 0.0  # when it ends at the latest (set by `running`)
+    pause: float = 0.0  # seconds a client waits after each answer (a lighter load)
 
     def spent(self) -> str:
         """'' while the load may go on; else the bound it met. No client sends past it, so no
@@ -68,6 +69,7 @@ class Load:
             sent += 1
             if not ok:
                 time.sleep(0.2)  # a refused connection must not spin
+            self.stop.wait(self.pause)
 
     def _send(self, streamed: bool) -> str:
         """'' when answered; else what the client saw."""
