@@ -42,6 +42,8 @@ ORDER = [
     "door_arrivals",
     "door_stream",
     "door_latency",
+    "replica_scaling",
+    "replica_loss",
 ]
 
 
