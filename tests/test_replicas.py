@@ -53,8 +53,6 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr[-3000:]
     assert "replica 2: serve ..." in up.stderr and "replica 2 phases:" in up.stdout, up.stdout
-    status = cli("status", path, cwd=tmp)
-    assert "spark2 (192.168.200.13), replica 2" in status.stdout, status.stdout
 
     # A bounded load of 4 clients, answers of 64 tokens: each replica answers 30-70% of it.
     door = clusters.containers(head, "twins")["front-door"]
@@ -71,6 +69,11 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
     assert total >= 10 and all(
         0.3 <= shares[r] / total <= 0.7 for r in ("replica-1", "replica-2")
     ), (shares, said[-10:])
+    status = cli("status", path, cwd=tmp)  # each node's replica, and each one's share
+    assert "spark2 (192.168.200.13), replica 2" in status.stdout, status.stdout
+    assert re.search(r"front door: replica-2: UP, 0 under way, \d+% of", status.stdout), (
+        status.stdout
+    )
 
     # An upgrade under load rolls replica by replica, each drained first: no request fails.
     good = path.read_text()

@@ -198,7 +198,8 @@ def down(path: ConfigArg, outdir: OutdirOpt = None) -> None:
 def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) -> None:
     """Per node: its services and their health, and whether Ray sees the node at its IP (its
     replica's Ray, with replicas)."""
-    rows = [row for g in open_config(path, outdir).groups for row in observe.status(g.fleet)]
+    opened = open_config(path, outdir)
+    rows = [row for g in opened.groups for row in observe.status(g.fleet)]
     if as_json:
         out.print(json.dumps([r.model_dump(exclude_unset=True) for r in rows], indent=2))
         return
@@ -208,6 +209,8 @@ def status(path: ConfigArg, outdir: OutdirOpt = None, as_json: JsonOpt = False) 
             out.print(f"  {s.service}: {s.state}{f', {s.health}' if s.health else ''}")
         if not row.services and not row.error:
             out.print(f"  no containers of {path.name} (vllm-compose up starts them)")
+    for line in observe.shares(opened.fleet) if opened.cluster.replicas > 1 else []:
+        out.print(line)
 
 
 def _status_line(row: observe.StatusRow) -> str:

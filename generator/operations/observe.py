@@ -13,10 +13,10 @@ from python_on_whales.components.container.models import ContainerState
 
 from generator.base import probes
 from generator.base.containers import health_of
-from generator.base.errors import reason
+from generator.base.errors import VllmComposeError, reason
 from generator.base.fanout import each, pump
 from generator.config import Node
-from generator.nodes import engines, hardware
+from generator.nodes import doorreplicas, engines, hardware
 from generator.nodes.fleet import Fleet
 from generator.nodes.hardware import Hardware
 from generator.operations import readiness
@@ -205,3 +205,18 @@ def heat(fleet: Fleet) -> dict[str, hardware.Reading]:
         for name, found in seen.items()
         if isinstance(found, Hardware)
     }
+
+
+def shares(fleet: Fleet) -> list[str]:
+    """With replicas: each as the front door sees it, and its share of the requests the door
+    has sent since it started (a line each; one saying why when the door cannot be asked)."""
+    try:
+        seen = doorreplicas.replicas(fleet)
+    except (VllmComposeError, DockerException) as e:
+        return [f"front door: its replicas not read: {reason(e)}"]
+    total = sum(r.total for r in seen)
+    return [
+        f"front door: {r.name}: {r.status}, {r.now} under way,"
+        f" {r.total / total if total else 0:.0%} of {total} requests since it started"
+        for r in seen
+    ]
