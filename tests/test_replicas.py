@@ -53,11 +53,14 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr[-3000:]
     assert "replica 2: serve ..." in up.stderr and "replica 2 phases:" in up.stdout, up.stdout
+    print(up.stdout)
 
-    # A bounded load of 4 clients, answers of 64 tokens: each replica answers 30-70% of it.
+    # A bounded load, one request at a time: each replica answers 30-70% of it. (With four
+    # clients leastconn follows each replica's speed, which on the testbed's two shared cores
+    # swings from run to run: 18-82% to 39-62% were seen.)
     door = clusters.containers(head, "twins")["front-door"]
-    load = Load(URL, clusters.api_key(path), MODEL, max_tokens=64, seconds=10)
-    with load.running(4):
+    load = Load(URL, clusters.api_key(path), MODEL, seconds=6)
+    with load.running(1):
         while not load.spent():
             time.sleep(1)
     assert [r.error for r in load.done if not r.ok] == []
@@ -100,8 +103,8 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
 
     # Replica 2's vLLM killed under load: the door moves what it had not begun to answer.
     before = len(load.done)
-    with Load(URL, clusters.api_key(path), MODEL, seconds=12).running(4) as load:
-        time.sleep(4)
+    with Load(URL, clusters.api_key(path), MODEL, seconds=9).running(4) as load:
+        time.sleep(3)
         other.docker.container.kill(clusters.containers(other, "twins")["serve"])
         killed = time.monotonic()
         while not load.spent():
