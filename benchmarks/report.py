@@ -39,10 +39,10 @@ ORDER = [
     "door",
     "door_cost",
     "door_cost-many-cores",
-    "door_stream",
     "door_latency",
     "replica_scaling",
     "replica_loss",
+    "balance",
 ]
 
 
