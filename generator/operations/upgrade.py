@@ -164,9 +164,13 @@ def _rolling(
         except (VllmComposeError, DockerException) as e:
             if isinstance(e, PhaseError) and e.phase == "canary":
                 group.take_down("canary failed", "taken down")
-            with open_(path, with_secrets=True, entry=previous) as back:
-                for earlier in range(index, -1, -1):
-                    _replica_back(back, earlier, Result(), drain=earlier != index)
+            try:
+                with open_(path, with_secrets=True, entry=previous) as back:
+                    for earlier in range(index, -1, -1):
+                        _replica_back(back, earlier, Result(), drain=earlier != index)
+            except (VllmComposeError, DockerException) as again:
+                said = f"upgrade failed: {reason(e)}; the rollback to {previous.when} failed too"
+                raise VllmComposeError(f"{said}: {reason(again)}") from again
             _put_lock_back(path, previous)
             hint = e.hint if isinstance(e, VllmComposeError) else None
             raise RolledBack(reason(e), previous.when, hint) from e
