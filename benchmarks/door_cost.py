@@ -52,6 +52,12 @@ async def stand_in(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     except (asyncio.IncompleteReadError, StopIteration):  # a probe of the port
         writer.close()
         return
+    await answered(writer)
+    writer.close()
+
+
+async def answered(writer: asyncio.StreamWriter) -> None:
+    """The stand-in's streamed answer: TOKENS events, FIRST then STEP apart, and [DONE]."""
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                  b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")  # fmt: skip
     await asyncio.sleep(FIRST)
@@ -62,7 +68,6 @@ async def stand_in(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
             await asyncio.sleep(STEP)
     writer.write(event("[DONE]") + b"0\r\n\r\n")
     await writer.drain()
-    writer.close()
 
 
 async def one(port: int) -> tuple[float, int]:

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
-from benchmarks.door_stream import asked
-from benchmarks.replica_scaling import LIVES, TOKENS, door
+from benchmarks.door_cost import TOKENS, one
+from benchmarks.replica_scaling import LIVES, door
 from benchmarks.report import Figure, record
 
 CLIENTS = 6
@@ -64,17 +64,10 @@ def replica() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
 async def streamed(port: int) -> tuple[float, float, bool]:
     """One streamed request: (sent at, seconds to its first token or to its failure, whole)."""
     sent = time.monotonic()
-    first, tokens = 0.0, 0
     try:
-        reader, writer = await asked(port, None)
-        while chunk := await reader.read(65536):
-            found = chunk.count(b'"content"')
-            if found and not tokens:
-                first = time.monotonic() - sent
-            tokens += found
-        writer.close()
-    except OSError:
-        pass
+        first, tokens = await one(port)
+    except OSError:  # refused, or broken off under way
+        first, tokens = 0.0, 0
     return sent, first or time.monotonic() - sent, tokens == TOKENS
 
 

@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 
 from benchmarks.door_arrivals import arguments, free_port, running, stand_in_process
-from benchmarks.door_cost import one
-from benchmarks.door_stream import CHUNK, KEY, MODEL, event
+from benchmarks.door_cost import FIRST, STEP, TOKENS, answered, one
+from benchmarks.door_stream import KEY, MODEL
 from benchmarks.report import Figure, record
 from generator.stack import doorbalance, doorfiles, frontdoor
 from tests.support.door import runnable
 
-FIRST, STEP, TOKENS = 0.05, 0.02, 32  # seconds to the first token, between tokens; tokens each
 SLOTS = 8  # sequences a replica serves at once
 CLIENTS_PER_SLOT = 2  # clients per slot of every replica: each replica keeps a queue
 REPLICAS = (1, 2, 3, 4)
@@ -65,16 +64,7 @@ async def stand_in(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
         writer.close()
         return
     async with _slots:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")  # fmt: skip
-        await asyncio.sleep(FIRST)
-        for i in range(TOKENS):
-            writer.write(event(CHUNK))
-            await writer.drain()
-            if i + 1 < TOKENS:
-                await asyncio.sleep(STEP)
-        writer.write(event("[DONE]") + b"0\r\n\r\n")
-        await writer.drain()
+        await answered(writer)
     writer.close()
 
 
