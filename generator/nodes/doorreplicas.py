@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from python_on_whales import DockerException
 
 from generator.base.errors import DockerError, reason
+from generator.nodes import door
 from generator.nodes.fleet import Fleet
 from generator.stack import doorbalance, frontdoor
 
-NAME = "front-door"  # its service (stack/frontdoor.py)
 ASK = (  # one command to the runtime API, its answer printed
     "use IO::Socket::UNIX; my $s = IO::Socket::UNIX->new(Peer => $ARGV[0]) or die qq{$!\\n};"
     " print $s qq{$ARGV[1]\\n}; print while <$s>"
@@ -34,7 +34,7 @@ class Replica:
 def ask(fleet: Fleet, command: str) -> str:
     """One runtime API command to the door on the head; its answer."""
     try:
-        said = fleet.execute(fleet.head, NAME, ["perl", "-e", ASK, frontdoor.RUNTIME, command])
+        said = fleet.execute(fleet.head, door.NAME, ["perl", "-e", ASK, frontdoor.RUNTIME, command])
     except DockerException as e:
         raise DockerError(fleet.head.name, f"the front door's runtime API: {reason(e)}") from None
     return said

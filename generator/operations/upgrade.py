@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from python_on_whales import DockerException
 
@@ -116,13 +117,7 @@ def _switch(
     except (VllmComposeError, DockerException) as e:
         if isinstance(e, PhaseError) and e.phase == "canary":
             staged.deployment.take_down("canary failed", "taken down")
-        try:
-            _restart(path, previous, open_)
-        except (VllmComposeError, DockerException) as again:
-            said = f"upgrade failed: {reason(e)}; the rollback to {previous.when} failed too"
-            raise VllmComposeError(f"{said}: {reason(again)}") from again
-        hint = e.hint if isinstance(e, VllmComposeError) else None
-        raise RolledBack(reason(e), previous.when, hint) from e
+        _rolled_back(e, previous, partial(_restart, path, previous, open_))
     entry = history.record(path, staged.config_text, lock.read(path))
     return Switched(result, time.monotonic() - start, entry)
 
@@ -164,18 +159,30 @@ def _rolling(
         except (VllmComposeError, DockerException) as e:
             if isinstance(e, PhaseError) and e.phase == "canary":
                 group.take_down("canary failed", "taken down")
-            try:
-                with open_(path, with_secrets=True, entry=previous) as back:
-                    for earlier in range(index, -1, -1):
-                        _replica_back(back, earlier, Result(), drain=earlier != index)
-            except (VllmComposeError, DockerException) as again:
-                said = f"upgrade failed: {reason(e)}; the rollback to {previous.when} failed too"
-                raise VllmComposeError(f"{said}: {reason(again)}") from again
-            _put_lock_back(path, previous)
-            hint = e.hint if isinstance(e, VllmComposeError) else None
-            raise RolledBack(reason(e), previous.when, hint) from e
+            _rolled_back(e, previous, partial(_replicas_back, path, previous, open_, index))
     entry = history.record(path, staged.config_text, lock.read(path))
     return Switched(result, time.monotonic() - start, entry)
+
+
+def _rolled_back(failed: Exception, previous: history.Entry, back: Callable[[], None]) -> NoReturn:
+    """After a failed switch: the stack that served before started again by `back`, and
+    RolledBack raised; when that fails too, an error naming both causes."""
+    try:
+        back()
+    except (VllmComposeError, DockerException) as again:
+        said = f"upgrade failed: {reason(failed)}; the rollback to {previous.when} failed too"
+        raise VllmComposeError(f"{said}: {reason(again)}") from again
+    hint = failed.hint if isinstance(failed, VllmComposeError) else None
+    raise RolledBack(reason(failed), previous.when, hint) from failed
+
+
+def _replicas_back(path: Path, previous: history.Entry, open_: Open, failed: int) -> None:
+    """Replica `failed` and those before it, last first, started again as they served (the
+    others drained first); the lock put back."""
+    with open_(path, with_secrets=True, entry=previous) as back:
+        for index in range(failed, -1, -1):
+            _replica_back(back, index, Result(), drain=index != failed)
+    _put_lock_back(path, previous)
 
 
 def _drained(opened: Opened, index: int) -> None:
