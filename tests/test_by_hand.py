@@ -4,7 +4,9 @@ vllm-compose command runs after render; the API key comes from the folder."""
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -23,6 +25,7 @@ from tests.test_replicas import REPLICAS
 pytestmark = pytest.mark.testbed
 
 URL = "http://192.168.200.12:30000/v1/chat/completions"
+SERVERS = {"replica-1", "replica-2"}  # the door's names of the two replicas
 
 
 @pytest.fixture
@@ -48,11 +51,12 @@ def done(proc: subprocess.Popen[str], seconds: float = 900) -> str:
     return out
 
 
-def answered(node: Node, folder: Path, seconds: float = 600) -> dict[str, Any]:
+def answered(node: Node, folder: Path, seconds: float = 600, prompt: str = "Hello") -> (
+        dict[str, Any]):  # fmt: skip
     """A chat completion from `node`, with the key the head's folder holds; retried (every 3 s,
     at most `seconds`) while the model loads."""
     key = (folder / "secrets" / "api-key").read_text().strip()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4}
     request = ["curl", "-sf", "-m", "30", URL, "-H", f"Authorization: Bearer {key}"]
     request += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
     deadline = time.monotonic() + seconds
@@ -91,9 +95,9 @@ def down(head: Node, worker: Node, folders: Path, backend: str) -> None:
         assert clusters.leftovers(node, "byhand") == []
 
 
-# "replicas": two native groups of one node each behind the first's door (tests/test_replicas.py
-# starts them with `up`); by hand, each node's folder starts its replica and the door finds the
-# other. "ray": one group over both nodes.
+# "replicas": two native groups of one node each behind the first's door, prefix affinity on
+# (tests/test_replicas.py starts them with `up`, least connections); by hand, each node's folder
+# starts its replica and the door finds the other. "ray": one group over both nodes.
 @pytest.mark.parametrize("backend", ["replicas", "ray"])
 def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere(
     pair: Pair, backend: str
@@ -109,6 +113,7 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
         model=MODEL,
         vllm=VLLM_RAY if backend == "ray" else VLLM,
         extra="" if backend == "ray" else REPLICAS,
+        door="" if backend == "ray" else "balance: prefix",
     )
     rendered = cli("render", path, cwd=tmp)
     assert rendered.returncode == 0, rendered.stderr
@@ -127,7 +132,7 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
                            check=False)  # fmt: skip
     assert behind.returncode == 7, behind  # curl: could not connect
     if backend == "replicas":
-        both(worker, folders / "spark1", head)
+        affine(worker, folders / "spark1", head)
     down(head, worker, folders, backend)
 
     if backend == "replicas":  # the other order, from elsewhere, is the one group's below
@@ -147,9 +152,34 @@ def test_rendered_folders_start_with_plain_compose_in_either_order_from_anywhere
     down(head, worker, elsewhere, backend)
 
 
-def both(client: Node, folder: Path, head: Node) -> None:
-    """The door answers from both replicas (its log names the one of each request)."""
-    for _ in range(6):
-        answered(client, folder)
-    logged = str(head.docker.container.logs("byhand-front-door-1"))
-    assert "replicas/replica-1 " in logged and "replicas/replica-2 " in logged, logged[-2000:]
+def affine(client: Node, folder: Path, head: Node) -> None:
+    """Both replicas up at the door (its checks), then with `balance: prefix` each prompt lands
+    on one replica every time, and the prompts on both (the door's log names each request's)."""
+    door = "byhand-front-door-1"
+    deadline = time.monotonic() + 120
+    # Each replica's last state the door logged (they start down: their vLLMs still load).
+    up = {r: "UP" for r in SERVERS}
+    while dict(re.findall(r"Server replicas/(replica-\d) is (UP|DOWN)", logs(head, door))) != up:
+        assert time.monotonic() < deadline, logs(head, door)[-3000:]
+        time.sleep(1)
+    topics = [topic for topic in ("ships", "bees", "salt", "rain", "iron", "moss") for _ in "abc"]
+    before = len(served(head, door))
+    for topic in topics:
+        answered(client, folder, prompt=f"Tell me about {topic}.")
+    while len(served(head, door)) < before + len(topics):  # each logged as its answer ends
+        assert time.monotonic() < deadline, served(head, door)[before:]
+        time.sleep(0.2)
+    seen = collections.defaultdict(set)
+    for topic, replica in zip(topics, served(head, door)[before:], strict=True):
+        seen[topic].add(replica)
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    assert set().union(*seen.values()) == SERVERS, seen
+
+
+def served(head: Node, door: str) -> list[str]:
+    """The replica of each request the door logged, in order."""
+    return re.findall(r" replicas/(replica-\d) \S+ \d+ ", logs(head, door))
+
+
+def logs(node: Node, container: str) -> str:
+    return str(node.docker.container.logs(container))

@@ -612,7 +612,7 @@ def test_ray_tp2_serves_with_each_ranks_own_interface_and_ip_and_comes_back_afte
         watched_recovery(bed, path, "viaray", "ray")
         # And through power cuts of the worker alone and the head alone, by itself (both nodes'
         # at once, where each side starts from nothing, is cut once: native, tests/test_upgrade.py).
-        faults.survives_power_cuts(bed, path, "viaray", both=False)
+        faults.survives_power_cuts(bed, path, "viaray", "alone")
 
 
 def test_ray_older_executor_keeps_per_node_values_too(pair: Pair) -> None:

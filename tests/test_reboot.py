@@ -1,8 +1,8 @@
 """A stack taken down stays down through a power cut (each node's engine and every process of
 its containers killed at once, then the engine started again). That a serving group comes back by
-itself from power cuts of both nodes, then each alone, is proved on groups other tests have
-serving (faults.survives_power_cuts): real vLLM, native in tests/test_upgrade.py, Ray (each node
-alone) in tests/test_e2e.py."""
+itself from power cuts is proved on groups other tests have serving (faults.survives_power_cuts):
+real vLLM, both nodes at once natively in tests/test_upgrade.py, each node alone over Ray in
+tests/test_e2e.py."""
 
 from __future__ import annotations
 

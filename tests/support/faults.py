@@ -106,16 +106,16 @@ def serve_starts(head: Node, project: str) -> int:
     return log.count("vllm-compose: starting vllm (start ")
 
 
-def survives_power_cuts(bed: Testbed, path: Path, project: str, both: bool = True) -> None:
-    """A serving group's power cut on both nodes (unless not `both`), then the worker alone, then
-    the head alone: after each, the same containers serve again with no command run. After the
-    worker's cut the head's side of the group says it broke and started again with it: no rank
-    keeps serving a group that lost a member. (Run on a group a test has serving already: a cold
-    start of its own would test nothing more.)"""
+def survives_power_cuts(bed: Testbed, path: Path, project: str, cuts: str) -> None:
+    """A serving group's power cuts, one after another: `cuts` "both" (both nodes at once, where
+    each side starts from nothing) or "alone" (the worker alone, then the head alone). After each,
+    the same containers serve again with no command run. After the worker's cut the head's side of
+    the group says it broke and started again with it: no rank keeps serving a group that lost a
+    member. (Run on a group a test has serving already: a cold start of its own would test nothing
+    more.)"""
     head, worker = bed.nodes[:2]
     key, before = clusters.api_key(path), clusters.ids([head, worker], project)
-    cuts = [[head, worker]] if both else []
-    for cut in [*cuts, [worker], [head]]:
+    for cut in [[head, worker]] if cuts == "both" else [[worker], [head]]:
         starts = serve_starts(head, project)
         power_cut(bed, cut)
         took = serving_again(worker, key)
