@@ -6,7 +6,9 @@ vLLM replicas behind it are in the testbed tests."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.server
+import re
 import subprocess
 import threading
 import time
@@ -17,16 +19,20 @@ from typing import Any
 
 import pytest
 
-from generator.stack import doorbalance, doorfiles, frontdoor
+from generator.stack import doorbalance, doorcounts, doorfiles, frontdoor
 from tests.support.door import runnable
 from tests.test_frontdoor import (
     ADMIN_KEY,
+    COUNTS,
+    COUNTS_LOG,
     HAPROXY,
     KEY,
+    MTAIL,
     PORT,
     Failing,
     Upstream,
     chat,
+    counts,
     get,
     started,
 )
@@ -50,16 +56,26 @@ def stopped(server: http.server.ThreadingHTTPServer) -> None:
 
 @pytest.fixture
 def door(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The door in front of REPLICAS; its param: the balance, or "counted" (least connections,
+    its lines counted by the real mtail running our program, as with `metrics`)."""
     balance = getattr(request, "param", "leastconn")
+    counted = balance == "counted"
     addresses = [f"{host}:{port}" for host, port in REPLICAS]
-    replicas = doorbalance.Replicas(addresses, balance)
-    text = frontdoor.config(PORT, 10, OWN, frontdoor.Limits(0, 0), replicas=replicas)
+    replicas = doorbalance.Replicas(addresses, "leastconn" if counted else balance)
+    log = COUNTS_LOG if counted else None
+    text = frontdoor.config(PORT, 10, OWN, frontdoor.Limits(0, 0), log, replicas=replicas)
     keys = {"alice": KEY, doorfiles.ADMIN: ADMIN_KEY}
     config = runnable(tmp_path, text, keys, [OWN], upstream_key=ADMIN_KEY)
     checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "WARNING" not in checked.stderr, checked.stderr
-    with started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"):
+    with contextlib.ExitStack() as running:
+        if counted:
+            (tmp_path / "progs").mkdir()
+            (tmp_path / "progs" / "front-door.mtail").write_text(doorcounts.program(2))
+            mtail = [MTAIL, *doorcounts.arguments(COUNTS_LOG, COUNTS, str(tmp_path / "progs"))]
+            running.enter_context(started(mtail, COUNTS, tmp_path / "mtail.log"))
+        running.enter_context(started([HAPROXY, "-db", "-f", str(config)], PORT, tmp_path / "log"))
         yield tmp_path / "log"
 
 
@@ -95,6 +111,30 @@ def test_requests_are_shared_between_the_replicas_and_the_far_one_gets_the_api_k
     finally:
         for server in servers:
             stopped(server)
+
+
+@pytest.mark.parametrize("door", ["counted"], indirect=True)
+def test_with_metrics_each_replicas_requests_are_counted_by_status(door: Path) -> None:
+    servers = [serving(0), serving(1)]
+    try:
+        healthy(2)
+        spread(8, 1)  # one at a time, as test_frontdoor counts: mtail reads them over UDP
+    finally:
+        for server in servers:
+            stopped(server)
+    logged = collections.Counter(re.findall(r" api replicas/(replica-\d) ", door.read_text()))
+    assert len(logged) == 2, logged
+    deadline = time.monotonic() + 10
+    while True:  # mtail reads the lines over UDP: until it counted some of each replica's
+        found = counts(0)
+        counted = {r: found.get(f'front_door_replica_requests_total{{code="200",replica="{r}"}}', 0)
+                   for r in logged}  # fmt: skip
+        requests = sum(v for k, v in found.items() if k.startswith("front_door_requests_total"))
+        if min(counted.values()) > 0 and sum(counted.values()) == requests:
+            break  # the same lines, counted per replica
+        assert time.monotonic() < deadline, (found, logged)
+        time.sleep(0.2)
+    assert all(counted[r] <= logged[r] for r in logged), (counted, logged)
 
 
 @pytest.mark.parametrize("door", ["prefix"], indirect=True)

@@ -181,3 +181,25 @@ def test_without_the_front_door_prometheus_scrapes_vllm_on_the_head_with_the_key
     assert vllm["authorization"]["credentials_file"] == "/run/secrets/api_key"
     assert vllm["static_configs"][0]["targets"] == ["10.0.0.1:8000"]
     assert found["a"]["services"]["prometheus"]["secrets"] == ["api_key"]
+
+
+def test_with_replicas_the_doors_head_alone_runs_prometheus_and_scrapes_every_replica() -> None:
+    text = (CASES / "replicas.yaml").read_text() + "metrics: {}\n"
+    cluster, found = config.parse(text), stacks(text)
+    assert [n for n in found if "prometheus" in found[n]["services"]] == ["spark-1"]
+    assert "prometheus-data" not in found["spark-3"].get("volumes", {})
+    assert found["spark-1"]["services"]["prometheus"]["secrets"] == ["api_key"]
+    scraped = yaml.safe_load(found["spark-1"]["configs"]["prometheus-config"]["content"])
+    jobs = {job["job_name"]: job for job in scraped["scrape_configs"]}
+    assert jobs["vllm"]["static_configs"] == [
+        {"targets": ["127.0.0.1:8400"], "labels": {"node": "spark-1", "replica": "1"}},
+        {"targets": ["192.168.200.14:30000"], "labels": {"node": "spark-3", "replica": "2"}},
+    ]
+    assert jobs["vllm"]["authorization"]["credentials_file"] == "/run/secrets/api_key"
+    for job in ("node", "dcgm"):  # every node of every replica
+        assert [c["labels"]["node"] for c in jobs[job]["static_configs"]] == [
+            n.name for n in cluster.nodes
+        ]
+    # The door's counts: each replica's requests too, from its log lines.
+    program = found["spark-1"]["configs"][doorcounts.CONFIG]["content"].replace("$$", "$")
+    assert program == doorcounts.PROGRAM + doorcounts.REPLICAS

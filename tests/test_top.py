@@ -73,3 +73,28 @@ def test_rates_are_per_second_and_never_negative() -> None:
     before, now = {"tokens": 100.0, "prompt_tokens": 50.0}, {"tokens": 160.0, "prompt_tokens": 0.0}
     assert top._rate(now, before, "tokens", 2.0) == 30.0
     assert top._rate(now, before, "prompt_tokens", 2.0) == 0.0  # a restarted vLLM counts afresh
+
+
+def test_replicas_each_show_their_load_and_door_share_and_the_endpoint_is_their_sum() -> None:
+    loads = [
+        {"running": 2.0, "waiting": 1.0, "kv_cache": 0.4, "tokens": 160.0, "prompt_tokens": 60.0},
+        {"running": 1.0, "waiting": 0.0, "kv_cache": 0.2, "tokens": 100.0, "prompt_tokens": 40.0},
+    ]
+    before = [{"tokens": 100.0, "prompt_tokens": 20.0}, {"tokens": 80.0, "prompt_tokens": 40.0}]
+    ends = [top._endpoint_of(load, last, 2.0) for load, last in zip(loads, before, strict=True)]
+    assert [e.generation_tokens_per_s for e in ends if e] == [30.0, 10.0]
+    whole = top._summed([e for e in ends if e], rates=True)
+    assert (whole.running, whole.waiting, whole.kv_cache_percent) == (3.0, 1.0, 30.0)
+    assert (whole.prompt_tokens_per_s, whole.generation_tokens_per_s) == (20.0, 40.0)
+    replicas = [
+        top.Replica(replica=1, endpoint=ends[0], door="UP", requests=60, share_percent=60.0),
+        top.Replica(replica=2, endpoint=None, door="DOWN", requests=40, share_percent=40.0),
+    ]
+    view = top.Top(nodes=[], endpoint=whole, replicas=replicas,
+                   endpoint_error="1 of 2 replicas' /metrics did not answer")  # fmt: skip
+    assert top.lines(view)[1:] == [
+        "replica 1: UP, 60% of requests; 2 running, 1 waiting; KV 40%; tok/s 20.0/30.0",
+        "replica 2: DOWN, 40% of requests; /metrics did not answer",
+        "endpoint: 3 running, 1 waiting; KV cache 30%; tokens/s in/out: 20.0/40.0",
+    ]
+    assert top._endpoint_of({}, before[0], 2.0) is None  # no /metrics: no figures

@@ -264,23 +264,25 @@ def top(
 ) -> None:
     """A live view, one row per node: its containers and their health, CPU and memory, GPUs; and
     the endpoint's requests running and waiting, KV-cache use, prompt and generated tokens per
-    second. Ctrl-C ends it. --once --json for scripts (the rates over one second)."""
+    second (with replicas, each one's too, and its state and share at the front door). Ctrl-C
+    ends it. --once --json for scripts (the rates over one second)."""
     if as_json and not once:
         raise OptionError("top --json: the live view is for a terminal; --json goes with --once",
                           f"vllm-compose top {path} --once --json")  # fmt: skip
-    fleet = open_config(path, outdir).fleet
-    _, before = top_view.sample(fleet, None, 1)
+    opened = open_config(path, outdir)
+    fleet, groups = opened.fleet, [g.fleet for g in opened.groups]
+    _, before = top_view.sample(fleet, groups, None, 1)
     taken = time.monotonic()
     if once:
         time.sleep(1)
-        view, _ = top_view.sample(fleet, before, time.monotonic() - taken)
+        view, _ = top_view.sample(fleet, groups, before, time.monotonic() - taken)
         out.print(view.model_dump_json(indent=2) if as_json else _table(view))
         return
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with Live(console=out, auto_refresh=False) as live, contextlib.suppress(KeyboardInterrupt):
         while True:
             time.sleep(interval)
-            view, before = top_view.sample(fleet, before, time.monotonic() - taken)
+            view, before = top_view.sample(fleet, groups, before, time.monotonic() - taken)
             taken = time.monotonic()
             live.update(_table(view), refresh=True)
 

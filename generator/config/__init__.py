@@ -126,7 +126,7 @@ class Cluster(Strict):
 
     _configured_image: str | None = PrivateAttr(default=None)  # see configured_image
     _replica: int | None = PrivateAttr(default=None)  # a replica's index (see groups)
-    _heads: tuple[Node, ...] = PrivateAttr(default=())  # every replica's head (see groups)
+    _shares: tuple[tuple[Node, ...], ...] = PrivateAttr(default=())  # every replica's nodes
     _whole_hash: str | None = PrivateAttr(default=None)  # a replica's: the whole config's hash
 
     @model_validator(mode="after")
@@ -161,15 +161,14 @@ class Cluster(Strict):
         if self._replica is not None or self.replicas == 1:
             return [self]
         size = len(self.members)
-        shares = [self.nodes[i * size : (i + 1) * size] for i in range(self.replicas)]
-        heads = tuple(share[0] for share in shares)
-        return [self._view(i, share, heads) for i, share in enumerate(shares)]
+        shares = tuple(tuple(self.nodes[i * size : (i + 1) * size]) for i in range(self.replicas))
+        return [self._view(i, shares) for i in range(self.replicas)]
 
-    def _view(self, index: int, share: list[Node], heads: tuple[Node, ...]) -> Cluster:
+    def _view(self, index: int, shares: tuple[tuple[Node, ...], ...]) -> Cluster:
         door = self.front_door if index == 0 else self.front_door.model_copy(
             update={"enabled": False})  # fmt: skip
-        view = self.model_copy(update={"nodes": share, "front_door": door})
-        view._replica, view._heads, view._whole_hash = index, heads, self.config_hash()
+        view = self.model_copy(update={"nodes": list(shares[index]), "front_door": door})
+        view._replica, view._shares, view._whole_hash = index, shares, self.config_hash()
         return view
 
     @property
@@ -180,7 +179,18 @@ class Cluster(Strict):
     @property
     def replica_heads(self) -> tuple[Node, ...]:
         """Every replica's head, in order (a view's; one group's own head otherwise)."""
-        return self._heads or (self.head,)
+        return tuple(share[0] for share in self._shares) or (self.head,)
+
+    @property
+    def replica_nodes(self) -> tuple[tuple[Node, ...], ...]:
+        """Every replica's nodes, in order (a view's; one group's own otherwise)."""
+        return self._shares or (tuple(self.nodes),)
+
+    @property
+    def runs_prometheus(self) -> bool:
+        """Whether this group's head runs Prometheus (`metrics`): with replicas, the first's
+        alone, which scrapes them all."""
+        return self.metrics is not None and self.replica == 0
 
     @property
     def gpu_total(self) -> int:

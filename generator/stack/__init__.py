@@ -81,6 +81,10 @@ class NodeStack:
         return self.node == self.cluster.head
 
     @property
+    def runs_prometheus(self) -> bool:
+        return self.is_head and self.cluster.runs_prometheus
+
+    @property
     def role(self) -> str:
         return "head" if self.is_head else "worker"
 
@@ -149,7 +153,7 @@ class NodeStack:
         found = (
             {"vllm-ray-env": self.carry_over_exclusions} if self.cluster.backend == "ray" else {}
         )
-        if self.cluster.metrics and self.is_head:
+        if self.runs_prometheus:
             found[monitoring.PROMETHEUS_CONFIG] = monitoring.prometheus_config(self.cluster)
         if self.cluster.metrics and self.cluster.accelerator == "nvidia":
             found[monitoring.DCGM_COUNTERS] = monitoring.dcgm_counters()
@@ -254,7 +258,9 @@ class NodeStack:
     @property
     def named_volumes(self) -> list[str]:
         shared = ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
-        metrics = [monitoring.PROMETHEUS_DATA] if self.cluster.metrics and self.is_head else []
+        metrics = (
+            [monitoring.PROMETHEUS_DATA] if self.cluster.runs_prometheus and self.is_head else []
+        )
         return [*shared, self.cache_volume, *metrics]
 
 

@@ -1,7 +1,7 @@
 """The front door's counts per key: mtail (a log-to-metrics tool, kept by its author) on the head
 reads the door's log lines and serves, for Prometheus, requests by key, model and status, the
-prompt and generated tokens of every answer that carries its usage, and the answers vLLM broke off
-under way.
+prompt and generated tokens of every answer that carries its usage, the answers vLLM broke off
+under way, and with replicas the requests each one answered, by status.
 
 - The door sends each log line to mtail over UDP on the head's loopback (as well as to its own
   output, for `logs`); mtail answers Prometheus on the loopback too (key names are not for the
@@ -51,6 +51,13 @@ counter front_door_answers_cut_total by key, model
   }
 }
 """
+# With replicas: the requests each replica answered, by status (the line's `backend/server`).
+REPLICAS = (
+    "\ncounter front_door_replica_requests_total by replica, code\n\n"
+    r"/^\S+ \[[^\]]*\] \S+ replicas\/(?P<replica>replica-\d+)"
+    r" -?\d+\/-?\d+\/-?\d+\/-?\d+\/\+?\d+ (?P<code>\d{3}) / {"
+    "\n  front_door_replica_requests_total[$replica][$code]++\n}\n"
+)
 
 
 def wanted(stack: NodeStack) -> bool:
@@ -59,8 +66,13 @@ def wanted(stack: NodeStack) -> bool:
     return bool(c.metrics and c.front_door.enabled and stack.is_head)
 
 
+def program(replicas: int) -> str:
+    """The mtail program: the counts per key, and per replica where there are several."""
+    return PROGRAM + (REPLICAS if replicas > 1 else "")
+
+
 def configs(stack: NodeStack) -> dict[str, str]:
-    return {CONFIG: PROGRAM} if wanted(stack) else {}
+    return {CONFIG: program(stack.cluster.replicas)} if wanted(stack) else {}
 
 
 def sidecars(stack: NodeStack) -> list[Sidecar]:

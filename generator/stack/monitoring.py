@@ -88,8 +88,9 @@ def sidecars(stack: NodeStack) -> list[Sidecar]:
                 configs=[(DCGM_COUNTERS, DCGM_COUNTERS_FILE)],
             )
         )
-    if stack.is_head:
-        found.append(_prometheus(m, str(m.listen or ip), keyed=not c.front_door.enabled))
+    if stack.runs_prometheus:
+        keyed = not c.front_door.enabled or c.replicas > 1
+        found.append(_prometheus(m, str(m.listen or ip), keyed=keyed))
     return found
 
 
@@ -118,23 +119,36 @@ def dcgm_counters() -> str:
 
 
 def prometheus_config(c: Cluster) -> str:
-    """prometheus.yml: every target by its private IP, labelled with its node's name."""
+    """prometheus.yml: every target by its private IP, labelled with its node's name; with
+    replicas, the first's Prometheus scrapes every replica's vLLM (labelled with its replica too)
+    and every node."""
     m = c.metrics
     assert m is not None
-    if c.front_door.enabled:  # vLLM on the head's loopback, where Prometheus runs
-        vllm = {"targets": [f"127.0.0.1:{ports.vllm(c)}"], "labels": {"node": c.head.name}}
-        jobs: list[dict[str, object]] = [{"job_name": "vllm", "static_configs": [vllm]}]
+    shares = c.replica_nodes
+    everyone = [n for share in shares for n in share]
+    head = {"node": c.head.name}
+    if len(shares) > 1:  # the door's own vLLM on the loopback, the others' at their heads' IPs
+        own = f"127.0.0.1:{ports.vllm(c)}"
+        targets = [own, *(f"{share[0].ip}:{c.vllm.port}" for share in shares[1:])]
+        vllm: dict[str, object] = {"job_name": "vllm", "static_configs": [
+            {"targets": [t], "labels": {"node": share[0].name, "replica": str(i + 1)}}
+            for i, (t, share) in enumerate(zip(targets, shares, strict=True))
+        ], "authorization": {"type": "Bearer", "credentials_file": API_KEY_FILE}}  # fmt: skip
+    elif c.front_door.enabled:  # vLLM on the head's loopback, where Prometheus runs
+        loopback = {"targets": [f"127.0.0.1:{ports.vllm(c)}"], "labels": head}
+        vllm = {"job_name": "vllm", "static_configs": [loopback]}
     else:
-        jobs = [_job("vllm", [c.head], c.vllm.port)]
-        jobs[0]["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+        vllm = _job("vllm", [c.head], c.vllm.port)
+        vllm["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+    jobs = [vllm]
     if c.front_door.enabled:  # its counts per key, from mtail on the head's loopback
-        counts = {"targets": [f"127.0.0.1:{ports.door_counts(c)}"], "labels": vllm["labels"]}
+        counts = {"targets": [f"127.0.0.1:{ports.door_counts(c)}"], "labels": head}
         jobs.append({"job_name": "front_door", "static_configs": [counts]})
-    jobs.append(_job("node", c.nodes, m.node_exporter_port))
+    jobs.append(_job("node", everyone, m.node_exporter_port))
     if c.backend == "ray" and m.ray_port:
-        jobs.append(_job("ray", c.nodes, m.ray_port))
+        jobs.append(_job("ray", everyone, m.ray_port))
     if c.accelerator == "nvidia":
-        jobs.append(_job("dcgm", c.nodes, m.dcgm_port))
+        jobs.append(_job("dcgm", everyone, m.dcgm_port))
     interval = f"{m.scrape_interval}s"
     timeout = f"{min(m.scrape_interval, 10)}s"
     scrape = {"scrape_interval": interval, "scrape_timeout": timeout}
