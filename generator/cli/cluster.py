@@ -247,11 +247,13 @@ def logs(
 def diagnose(path: ConfigArg, outdir: OutdirOpt = None) -> None:
     """One bundle of what every node shows, to read or send: logs (exited containers too),
     containers' state and settings, compose files, which network NCCL used, the phases of the
-    last start, preflight's checks and Ray's nodes. Secrets read <redacted>. Prints its path."""
+    last start, preflight's checks and Ray's nodes (with replicas, each one's, and its state and
+    share at the front door). Secrets read <redacted>. Prints its path."""
     opened = open_config(path, outdir)
     fleet = opened.fleet
     fleet.secret_files = secrets.local(path, opened.cluster, generate=False).files
-    out.print(str(evidence.diagnose(fleet, opened.deployment.logs)))
+    groups = [g.fleet for g in opened.groups]
+    out.print(str(evidence.diagnose(fleet, opened.deployment.logs, groups)))
 
 
 @app.command()

@@ -9,11 +9,13 @@ import typer
 from rich import box
 from rich.table import Table
 
-from generator.base.errors import VllmComposeError
+from generator.base.errors import OptionError, VllmComposeError
 from generator.cli.app import ConfigArg, JsonOpt, OutdirOpt, app, err, open_config, out
 from generator.nodes import served
+from generator.nodes.fleet import Fleet
 from generator.operations import bench as benchmark
 from generator.operations import benchruns, gate
+from generator.operations.workflow import Opened
 
 RecordOpt = Annotated[
     bool, typer.Option("--record", help="Record these answers as the golden ones.")
@@ -40,6 +42,7 @@ ConcurrencyOpt = Annotated[
     typer.Option(min=1, max=4096, help="A concurrency to run; repeat it \\[default: 1 4 16]."),
 ]
 DIRECT = "vLLM itself, past the front door (its cost: run once with, once without)."
+REPLICA = "This replica's vLLM alone (1 on), past the door (with `replicas`)."
 
 
 @app.command()
@@ -54,22 +57,23 @@ def bench(
     prefix: Annotated[bool, typer.Option("--prefix", help=PREFIX)] = False,
     compare: Annotated[bool, typer.Option("--compare", help=COMPARE)] = False,
     direct: Annotated[bool, typer.Option("--direct", help=DIRECT)] = False,
+    replica: Annotated[int | None, typer.Option(min=1, max=16, help=REPLICA)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """vLLM's `vllm bench serve` from the serve image against the endpoint (through the front
-    door, as clients reach it; `--direct`: vLLM itself), over a sweep of concurrencies: a table
-    of TTFT and TPOT percentiles, throughput and failed requests; kept as JSON and a
-    throughput-latency plot (PNG) per lock in the state folder. Exits 1 when any request failed
-    (the run is kept, marked failed, and never compared with)."""
+    door, as clients reach it; `--direct`: vLLM itself; `--replica N`: that replica's alone),
+    over a sweep of concurrencies: a table of TTFT and TPOT percentiles, throughput and failed
+    requests; kept as JSON and a throughput-latency plot (PNG) per lock in the state folder.
+    Exits 1 when any request failed (the run is kept, marked failed, never compared with)."""
+    direct = direct or replica is not None
     benchruns.before_asking(path, compare, direct, prefix, input_len)
     opened = open_config(path, outdir)
-    fleet, c = opened.fleet, opened.cluster
+    fleet = _measured(opened, replica)
     lengths = benchmark.fit(input_len, output_len, served.context(fleet, "bench"))
     sweep = benchmark.Sweep(concurrency or [1, 4, 16], prompts, *lengths, repeat, prefix, direct)
     err.print(f"bench: {sweep.input_len} prompt + {sweep.output_len} generated tokens per request")
     results = benchmark.run(fleet, sweep)
-    heading = benchruns.title(c.name, c.served_model_name, opened.locked)
-    saved = benchruns.save(path, opened.locked, sweep, results, heading)
+    saved = benchruns.save(path, opened.locked, sweep, results, _heading(opened, replica))
     _show(results, saved, as_json, prefix)
     failed = benchmark.failures(results)
     if failed:
@@ -81,6 +85,23 @@ def bench(
         before = benchruns.previous(path, opened.locked, direct)
         for line in benchruns.changes(before["results"], results):
             err.print(line)
+
+
+def _measured(opened: Opened, replica: int | None) -> Fleet:
+    """The fleet whose head runs the benchmark: the door's, or the replica's asked for."""
+    c = opened.cluster
+    if replica is None:
+        return opened.fleet
+    if replica > c.replicas:
+        raise OptionError(f"--replica {replica}: the config has {c.replicas} (replicas)",
+                          f"--replica 1 to {c.replicas}, or leave it out for the door")  # fmt: skip
+    return opened.groups[replica - 1].fleet
+
+
+def _heading(opened: Opened, replica: int | None) -> str:
+    c = opened.cluster
+    heading = benchruns.title(c.name, c.served_model_name, opened.locked)
+    return heading + (f" · replica {replica}" if replica else "")
 
 
 def _show(results: list[dict[str, Any]], saved: Path, as_json: bool, prefix: bool) -> None:

@@ -50,6 +50,14 @@ def replicas(fleet: Fleet) -> list[Replica]:
     ]
 
 
+def shares(fleet: Fleet) -> list[tuple[Replica, float]]:
+    """Each replica as the door sees it, and its share (0 to 1) of the requests the door has sent
+    to a replica since it started."""
+    seen = replicas(fleet)
+    total = sum(r.total for r in seen)
+    return [(r, r.total / total if total else 0.0) for r in seen]
+
+
 def drained(fleet: Fleet, index: int, timeout: float) -> int:
     """Replica `index` (0 on) takes no new request; returns once those under way have ended
     (progress said every few seconds), or after `timeout` s: how many are left then."""

@@ -26,6 +26,7 @@ from generator.base.containers import health_of, service_of
 from generator.base.errors import UnsafePath, VllmComposeError, reason
 from generator.base.fanout import each
 from generator.config import Node
+from generator.nodes import doorreplicas
 from generator.nodes.fleet import Fleet
 from generator.operations import preflight
 from generator.stack.output import write_atomic
@@ -156,9 +157,10 @@ def _archive(folder: Path) -> Path:
     return archive
 
 
-def diagnose(fleet: Fleet, folder: Path) -> Path:
+def diagnose(fleet: Fleet, folder: Path, groups: list[Fleet]) -> Path:
     """`diagnose`: the bundle, with every node's preflight facts and Ray's nodes beside the logs
-    (what could not be gathered is said in their place)."""
+    (what could not be gathered is said in their place); with replicas (`groups`, each one's
+    fleet), each one's nodes, its state and share at the door, and its own Ray's nodes."""
     extra: dict[str, object] = {}
     try:
         failed, gathered = preflight.gather(fleet, fleet.cluster.nodes)
@@ -166,6 +168,24 @@ def diagnose(fleet: Fleet, folder: Path) -> Path:
         extra["preflight"] = {"failed": [c.line() for c in failed], "facts": facts}
     except (VllmComposeError, DockerException) as e:
         extra["preflight"] = f"not gathered: {e}"
-    if fleet.cluster.backend == "ray":
+    if len(groups) > 1:
+        extra["replicas"] = _replicas(fleet, groups)
+    if fleet.cluster.backend == "ray" and len(groups) > 1:  # each replica's own Ray cluster
+        extra["ray_nodes"] = {f"replica {i + 1}": g.ray_nodes() for i, g in enumerate(groups)}
+    elif fleet.cluster.backend == "ray":
         extra["ray_nodes"] = fleet.ray_nodes()
     return write_bundle(fleet, folder, "diagnose", extra)
+
+
+def _replicas(fleet: Fleet, groups: list[Fleet]) -> list[dict[str, object]]:
+    """Each replica's nodes and, where the door answers, its state and share there."""
+    found: list[dict[str, object]] = [
+        {"replica": i + 1, "nodes": [n.name for n in g.cluster.nodes]} for i, g in enumerate(groups)
+    ]
+    try:
+        seen = doorreplicas.shares(fleet)
+    except (VllmComposeError, DockerException) as e:
+        return [{**row, "door": f"not read: {reason(e)}"} for row in found]
+    for row, (door, share) in zip(found, seen, strict=False):
+        row |= {"door": door.status, "requests": door.total, "share_percent": round(100 * share, 1)}
+    return found

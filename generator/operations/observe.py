@@ -211,12 +211,12 @@ def shares(fleet: Fleet) -> list[str]:
     """With replicas: each as the front door sees it, and its share of the requests the door
     has sent since it started (a line each; one saying why when the door cannot be asked)."""
     try:
-        seen = doorreplicas.replicas(fleet)
+        seen = doorreplicas.shares(fleet)
     except (VllmComposeError, DockerException) as e:
         return [f"front door: its replicas not read: {reason(e)}"]
-    total = sum(r.total for r in seen)
+    total = sum(r.total for r, _ in seen)
     return [
-        f"front door: {r.name}: {r.status}, {r.now} under way,"
-        f" {r.total / total if total else 0:.0%} of {total} requests since it started"
-        for r in seen
+        f"front door: {r.name}: {r.status}, {r.now} under way, {share:.0%} of {total} requests"
+        " since it started"
+        for r, share in seen
     ]

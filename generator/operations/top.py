@@ -129,13 +129,12 @@ def _summed(endpoints: list[Endpoint], rates: bool) -> Endpoint:
 def _door(fleet: Fleet, replicas: list[Replica]) -> None:
     """Each replica's state at the door and its share of the requests, where the door answers."""
     try:
-        seen = doorreplicas.replicas(fleet)
+        seen = doorreplicas.shares(fleet)
     except (VllmComposeError, DockerException):
         return
-    total = sum(r.total for r in seen)
-    for replica, door in zip(replicas, seen, strict=False):
+    for replica, (door, share) in zip(replicas, seen, strict=False):
         replica.door, replica.requests = door.status, door.total
-        replica.share_percent = round(100 * door.total / total, 1) if total else 0.0
+        replica.share_percent = round(100 * share, 1)
 
 
 def _rate(now: dict[str, float], before: dict[str, float], key: str, seconds: float) -> float:
