@@ -209,3 +209,21 @@ def test_a_cluster_whose_front_door_is_on_none_of_our_nodes_is_said_once() -> No
         + "front_door: {enabled: false}\n"
     )
     assert claims.apart(off, {"b": [door]}) == {}
+
+
+def test_with_replicas_each_node_says_its_replica_and_every_one_the_doors_endpoint() -> None:
+    whole = config.parse(
+        BASE.format(name="r", port=30000, backend="native", memory=0.4) + "replicas: 2\n"
+    )
+    seen: dict[str, list[SimpleNamespace]] = {}
+    for group in whole.groups:
+        for node in group.nodes:
+            labels = {**NodeStack(group, node, "c.yaml", "w:1").labels,
+                      "io.vllm-compose.service": "serve", "io.vllm-compose.node": node.name}  # fmt: skip
+            state = SimpleNamespace(running=True, status="running", exit_code=0, health=None)
+            seen[node.name] = [SimpleNamespace(name="x", config=SimpleNamespace(labels=labels),
+                                               state=state)]  # fmt: skip
+    found = claims.found(seen)["r"]  # type: ignore[arg-type]
+    assert found.replicas == {"a": 1, "b": 2}
+    assert found.endpoint == "http://10.0.0.1:30000/v1"  # the door's, read from either node
+    assert claim_of(cluster("one", 8000)).replicas == {}  # one group: no replica label

@@ -26,7 +26,8 @@ def ls(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Every cluster found on the nodes: its backend, endpoint, nodes and health."""
+    """Every cluster found on the nodes: its backend, endpoint, nodes (with replicas, each
+    node's) and health."""
     where = list(contexts or [])
     if path is not None:
         where += [n.docker_context for n in config.load(path).nodes]
@@ -38,7 +39,8 @@ def ls(
     if as_json:
         rows = [
             {"cluster": c.cluster, "backend": c.backend, "endpoint": c.endpoint,
-             "front_door": c.front_door, "health": c.health, "nodes": c.nodes}
+             "front_door": c.front_door, "health": c.health, "nodes": c.nodes,
+             "replicas": c.replicas}
             for c in found.values()
         ]  # fmt: skip
         out.print(json.dumps({"clusters": rows, "unreachable": failed}, indent=2))
@@ -46,5 +48,6 @@ def ls(
     table = Table("cluster", "backend", "endpoint", "nodes", "health", box=None)
     for c in found.values():
         endpoint = f"{c.endpoint} (front door)" if c.front_door else c.endpoint
-        table.add_row(c.cluster, c.backend, endpoint, ", ".join(c.nodes), c.health)
+        nodes = [f"{n} (replica {c.replicas[n]})" if n in c.replicas else n for n in c.nodes]
+        table.add_row(c.cluster, c.backend, endpoint, ", ".join(nodes), c.health)
     out.print(table if found else "no cluster found")

@@ -24,6 +24,7 @@ CLUSTER = f"{PREFIX}cluster"
 ENDPOINT = f"{PREFIX}endpoint"
 MODEL = f"{PREFIX}model"  # the served model name, which the front door routes by
 CONFIG = f"{PREFIX}config"  # the name of the config file the stack was rendered from
+REPLICA = f"{PREFIX}replica"  # with replicas, the node's (1 on)
 
 
 def gpu_memory(c: Cluster) -> float:
@@ -39,13 +40,15 @@ def object_store(c: Cluster) -> int:
 def labels(c: Cluster) -> dict[str, str]:
     """The claims of the cluster's stack on each of its nodes."""
     spans = {name: [r.start, r.stop] for name, r in ports.ranges(c).items()}
+    replica = {REPLICA: str(c.replica + 1)} if c.replicas > 1 else {}
     return {
         f"{PREFIX}backend": c.backend,
-        ENDPOINT: f"http://{c.head.ip}:{c.vllm.port}/v1",
+        ENDPOINT: f"http://{c.replica_heads[0].ip}:{c.vllm.port}/v1",  # with replicas, the door's
         MODEL: c.served_model_name,
         f"{PREFIX}ports": json.dumps(spans, separators=(",", ":")),
         f"{PREFIX}gpu-memory": str(gpu_memory(c)),
         f"{PREFIX}object-store": str(object_store(c)),
+        **replica,
     }
 
 
@@ -63,6 +66,7 @@ class Claim:
     model: str = ""  # its served model name
     # node -> service -> "running", "running, unhealthy", "exited (exit 137)", ...
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)  # node -> its replica, with replicas
 
     @property
     def health(self) -> str:
@@ -103,9 +107,13 @@ def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
                 continue
             claim = claims.setdefault(own[CLUSTER], Claim(own[CLUSTER]))
             _read(claim, own)
-            service = own.get(f"{PREFIX}service", container.name)
-            on_node = claim.nodes.setdefault(own.get(f"{PREFIX}node", node), {})
-            on_node[service] = described(container.state)
+            service, name = (
+                own.get(f"{PREFIX}service", container.name),
+                own.get(f"{PREFIX}node", node),
+            )
+            claim.nodes.setdefault(name, {})[service] = described(container.state)
+            if own.get(REPLICA, "").isdigit():
+                claim.replicas[name] = int(own[REPLICA])
     return claims
 
 
