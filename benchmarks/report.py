@@ -42,6 +42,7 @@ ORDER = [
     "door_latency",
     "replica_scaling",
     "replica_loss",
+    "rolling_upgrade",
     "balance",
 ]
 
