@@ -204,9 +204,11 @@ def cut_at_the_door(bed: Testbed, key: str) -> None:
 
 def bench_against(path: Path, tmp: Path) -> None:
     """bench: vLLM's own benchmark against the endpoint at its default lengths, which fit the
-    model's 256 tokens; kept as JSON and a plot. A sweep that cannot fit is refused before it
-    starts; requests the real server refuses surface its own error."""
-    sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4"]
+    model's 256 tokens, prompts sharing prefixes (the prefix cache's hit rate, from vLLM's
+    counters; random prompts: tests/test_replicas.py); kept as JSON and a plot. A sweep that
+    cannot fit is refused before it starts; requests the real server refuses surface its own
+    error."""
+    sweep = ["--concurrency", "1", "--concurrency", "2", "--prompts", "4", "--prefix"]
     measured = cli("bench", path, *sweep, "--json", cwd=tmp)
     assert measured.returncode == 0, measured.stderr
     print(measured.stdout, measured.stderr)
@@ -219,19 +221,14 @@ def bench_against(path: Path, tmp: Path) -> None:
     for r in results:  # the server counted the tokens the client did (plus the canary's few)
         assert r["completed"] == 4 and r["failed"] == 0 and r["first_error"] is None, r
         assert r["served_output_throughput"] > 0, r
+        # The prefix cache's probe (prompts sharing prefixes: vLLM's own counters).
+        rate = r["prefix_cache_hit_rate"]
+        assert rate is not None and 0 <= rate <= 1, r
     assert image.imread(saved.with_suffix(".png")).shape[:2] == (400, 600)
     refused = cli("bench", path, "--input-len", "250", cwd=tmp)
     assert refused.returncode == 2, refused.stderr
     assert "--input-len 250: 250 prompt + 64 generated tokens do not fit" in refused.stderr
     assert len(list(saved.parent.iterdir())) == 2  # the run and its plot, nothing more saved
-    # The prefix cache's probe: a shared prefix of 144 tokens fills one of the CPU's 128-token
-    # blocks, which the later requests find in the cache (vLLM's own counters).
-    probe = ["--prefix", "--concurrency", "2", "--prompts", "4", "--input-len", "192"]
-    prefixed = cli("bench", path, *probe, "--output-len", "16", "--json", cwd=tmp)
-    assert prefixed.returncode == 0, prefixed.stderr
-    rate = json.loads(prefixed.stdout)["results"][0]["prefix_cache_hit_rate"]
-    print(prefixed.stderr, rate)
-    assert rate is not None and 0 <= rate <= 1, prefixed.stdout
     # A server that fails every request (the config, edited and not deployed, names a model it
     # does not serve): exit 1 with the server's own message; the run is kept marked failed.
     text, kept_files = path.read_text(), set(saved.parent.parent.rglob("*.json"))
