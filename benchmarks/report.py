@@ -39,7 +39,6 @@ ORDER = [
     "door",
     "door_cost",
     "door_cost-many-cores",
-    "door_latency",
     "replica_scaling",
     "replica_loss",
     "rolling_upgrade",

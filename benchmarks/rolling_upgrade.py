@@ -8,7 +8,8 @@ brought up by `vllm-compose up` at its defaults. CLIENTS clients (tests/support/
 requests streamed, each client one after another) send chat completions through the door for
 BEFORE seconds, then on through `upgrade` of a changed config (max_model_len), which drains,
 switches, checks and puts back each replica in turn. Recorded: the requests during the upgrade
-that failed, and the longest a request took then, less the longest before it. Goals: none failed;
+that failed, and the longest a request took then, less the longest in the second half of the
+time before it. Goals: none failed;
 no request waits 2 s longer than before.
 
 Traffic goes only to the testbed's own addresses; every loop is bounded; the processes it starts
@@ -31,7 +32,8 @@ from tests.test_e2e import MODEL, config
 from tests.test_replicas import REPLICAS, URL
 
 CLIENTS = 2
-BEFORE = 20.0  # seconds of load before the upgrade
+BEFORE = 20.0  # seconds of load before the upgrade; its second half is the usual the upgrade
+# is set against (the first answers after `up` are slower: vLLM's first batches of each size)
 UPGRADE_LIMIT = 900  # seconds `upgrade` may take
 GOAL_WAIT = 2.0  # seconds the longest request may grow
 WORK = Path("/tmp/vllm-compose-rolling")
@@ -57,7 +59,7 @@ def main() -> None:
         clusters.cli("down", path, cwd=WORK)
     if rolled.returncode:
         raise SystemExit(f"rolling_upgrade: upgrade failed: {rolled.stderr[-2000:]}")
-    before = [r for r in load.done if r.end < began]
+    before = [r for r in load.done if began - BEFORE / 2 <= r.start and r.end < began]
     during = [r for r in load.done if r.end >= began and r.start <= ended]
     failed = [r for r in during if not r.ok]
     longest = max(r.end - r.start for r in before), max(r.end - r.start for r in during)
