@@ -36,7 +36,6 @@ ORDER = [
     "soak-ray",
     "soak-both",
     "proxies",
-    "door",
     "door_cost",
     "door_cost-many-cores",
     "replica_scaling",
