@@ -258,9 +258,7 @@ class NodeStack:
     @property
     def named_volumes(self) -> list[str]:
         shared = ["shared-tmp"] if self.cluster.backend == "ray" and self.is_head else []
-        metrics = (
-            [monitoring.PROMETHEUS_DATA] if self.cluster.runs_prometheus and self.is_head else []
-        )
+        metrics = [monitoring.PROMETHEUS_DATA] if self.runs_prometheus else []
         return [*shared, self.cache_volume, *metrics]
 
 

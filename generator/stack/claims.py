@@ -107,10 +107,8 @@ def found(containers: dict[str, list[Container]]) -> dict[str, Claim]:
                 continue
             claim = claims.setdefault(own[CLUSTER], Claim(own[CLUSTER]))
             _read(claim, own)
-            service, name = (
-                own.get(f"{PREFIX}service", container.name),
-                own.get(f"{PREFIX}node", node),
-            )
+            service = own.get(f"{PREFIX}service", container.name)
+            name = own.get(f"{PREFIX}node", node)
             claim.nodes.setdefault(name, {})[service] = described(container.state)
             if own.get(REPLICA, "").isdigit():
                 claim.replicas[name] = int(own[REPLICA])

@@ -118,6 +118,9 @@ def dcgm_counters() -> str:
     return "".join(f"{name}, {kind}, {words}\n" for name, kind, words in DCGM_FIELDS)
 
 
+KEYED = {"type": "Bearer", "credentials_file": API_KEY_FILE}  # a vLLM job's authorization
+
+
 def prometheus_config(c: Cluster) -> str:
     """prometheus.yml: every target by its private IP, labelled with its node's name; with
     replicas, the first's Prometheus scrapes every replica's vLLM (labelled with its replica too)
@@ -133,13 +136,13 @@ def prometheus_config(c: Cluster) -> str:
         vllm: dict[str, object] = {"job_name": "vllm", "static_configs": [
             {"targets": [t], "labels": {"node": share[0].name, "replica": str(i + 1)}}
             for i, (t, share) in enumerate(zip(targets, shares, strict=True))
-        ], "authorization": {"type": "Bearer", "credentials_file": API_KEY_FILE}}  # fmt: skip
+        ], "authorization": KEYED}  # fmt: skip
     elif c.front_door.enabled:  # vLLM on the head's loopback, where Prometheus runs
         loopback = {"targets": [f"127.0.0.1:{ports.vllm(c)}"], "labels": head}
         vllm = {"job_name": "vllm", "static_configs": [loopback]}
     else:
         vllm = _job("vllm", [c.head], c.vllm.port)
-        vllm["authorization"] = {"type": "Bearer", "credentials_file": API_KEY_FILE}
+        vllm["authorization"] = KEYED
     jobs = [vllm]
     if c.front_door.enabled:  # its counts per key, from mtail on the head's loopback
         counts = {"targets": [f"127.0.0.1:{ports.door_counts(c)}"], "labels": head}
