@@ -5,6 +5,7 @@ routing by model, holding, streams' ends); real vLLM behind it is in the testbed
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import http.client
 import http.server
@@ -340,6 +341,23 @@ def test_with_metrics_mtail_counts_requests_and_tokens_per_key_from_the_doors_li
     assert len(posing) == 1 and posing[0].startswith('front_door_requests_total{code="404",key="al')
     assert found['front_door_requests_total{code="404",key="alice",model="/models/no-such"}'] == 1
     assert len(found) == 10 and 99 not in found.values(), found
+
+
+def test_with_metrics_a_burst_of_requests_is_counted_whole_and_soon(counted: None) -> None:
+    """200 requests from 16 clients at once: every line counted within seconds (at mtail's 250 ms
+    default poll, Debian's mtail reads 4 lines a second and the rest overflow its socket)."""
+    server = upstream(UPSTREAMS[0])
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(lambda _: chat("tiny")[0], range(200)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert codes == [200] * 200
+    sent = time.monotonic()
+    found = counts(200, seconds=20)
+    print(f"counted {found} {time.monotonic() - sent:.1f} s after the last answer")
+    assert found['front_door_requests_total{code="200",key="alice",model="tiny"}'] == 200
 
 
 def stream(body: dict[str, Any], wait: float = 0) -> list[str]:
