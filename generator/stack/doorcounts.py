@@ -95,9 +95,9 @@ def arguments(log_port: int, port: int, progs: str = PROGRAM_DIR) -> list[str]:
     return [
         f"--progs={progs}",
         f"--logs=udp://127.0.0.1:{log_port}",
-        "--poll_interval=1ms",
         "--address=127.0.0.1",
         f"--port={port}",
         "--emit_prog_label=false",
         "--logtostderr",
+        "--poll_interval=1ms",
     ]
