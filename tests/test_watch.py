@@ -391,9 +391,11 @@ def test_a_heads_ray_started_again_takes_its_serve_with_it(
     backend: str, named: dict[str, list[str]], started: dict[str, list[str]]
 ) -> None:
     """Serve lives in the head's Ray container's process namespace and dies with it; its die
-    may come in a later batch of signs than the kill (seen in CI), so the start names it anyway.
-    A FAKE fleet: what Compose is asked to start is recorded."""
+    may come in a later batch of signs than the kill (seen in CI), so the start names it anyway;
+    and each is started once it has ended (a killed container's processes end after its kill
+    event; Compose starts nothing while they run). A FAKE fleet: what it is asked is recorded."""
     up: dict[str, list[str]] = {}
+    ended: dict[str, list[str]] = {}
     lines: list[str] = []
     one, two = FakeNode("spark1"), FakeNode("spark2")  # hashable, as a Node is
     ray = [Service("ray", [], None), Service("serve", [], None, pid_of="ray")]
@@ -405,10 +407,11 @@ def test_a_heads_ray_started_again_takes_its_serve_with_it(
         stacks={name: types.SimpleNamespace(services=s) for name, s in stacks.items()},
         report=lines.append,
         contexts_answer=lambda: None,
+        ended=lambda node, services: ended.__setitem__(node.name, services) if not up else None,
         compose_up=lambda node, services: up.__setitem__(node.name, services),
     )
     Deployment(cast(Fleet, fleet)).start_again(named)
-    assert up == started
+    assert up == started and ended == started  # each waited for before any was started
     assert any("serve too" in line for line in lines) == (started != named)
 
 

@@ -12,10 +12,11 @@ import contextlib
 import json
 import queue
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from python_on_whales import Container, DockerClient, DockerException, Image, Volume
 from python_on_whales.components.container.models import ContainerState
@@ -31,6 +32,7 @@ from generator.stack import NodeStack, claims
 from generator.stack.render import node_stacks
 
 DOWN_TIMEOUT = 120  # per node: stop (30 s grace per service) and remove
+ENDING = 40  # seconds a stopped or killed container's processes may take to end (30 s grace)
 HEALTH_LINES = 3  # of a failing health check's output, shown in errors
 SUPERVISOR_LINES = 200  # of a log searched for the supervisor's last line
 
@@ -56,8 +58,7 @@ class Fleet:
         """`cluster` as rendered into `outdir` (with a lock, its image is the locked ID) from
         the config file named `source`."""
         self.cluster, self.source = cluster, source
-        self.outdir = outdir
-        self.report = report
+        self.outdir, self.report = outdir, report
         self.secret_files = secret_files or {}
         self.stacks: dict[str, NodeStack] = {s.node.name: s for s in node_stacks(cluster, source)}
         self.head = cluster.head
@@ -145,14 +146,9 @@ class Fleet:
         service = self.stacks[node.name].services[0]
         args = probe[1:]
         try:
-            out = self.docker[node.name].compose.run(
-                service.name,
-                args,
-                entrypoint=probes.HEALTH,
-                remove=True,
-                dependencies=False,
-                tty=False,
-            )
+            run = self.docker[node.name].compose.run
+            out = run(service.name, args, entrypoint=probes.HEALTH, remove=True,
+                      dependencies=False, tty=False)  # fmt: skip
         except DockerException as e:
             raise DockerError.wrap(node.name, f"{args[0]} failed", e) from None
         return json.loads(str(out))
@@ -197,6 +193,19 @@ class Fleet:
         if not found or found[0].state.running is not True:
             return False
         return not probes.exited(self.tail(node, service, SUPERVISOR_LINES))
+
+    def ended(self, node: Node, services: list[str], seconds: float = ENDING) -> None:
+        """Back once none of `services` runs on the node (at most `seconds`): a killed container
+        ends seconds after its kill event, and Compose starts nothing while it still runs."""
+
+        def running() -> bool:
+            return any(s.running for name, s in self.states(node).items() if name in services)
+
+        deadline = time.monotonic() + seconds
+        if running():
+            self.report(f"{node.name}'s {', '.join(services)} still ending; waiting for it")
+        while running() and time.monotonic() < deadline:
+            time.sleep(1)
 
     def failing_service(self, node: Node) -> tuple[str, str] | None:
         """The node's service that is not running or not healthy, with its last health output."""
@@ -278,13 +287,11 @@ class Fleet:
     def ray_nodes(self, node: Node | None = None) -> dict[str, float] | None:
         """IP -> GPUs of every node alive in Ray, as the head's GCS tells `node`'s Ray container
         (default: the head's); None when it does not answer."""
-        found: dict[str, float] | None = self._ray_view(probes.nodes(self.gcs), node)
-        return found
+        return cast("dict[str, float] | None", self._ray_view(probes.nodes(self.gcs), node))
 
     def gpu_slots(self) -> dict[str, dict[str, float]] | None:
         """IP -> {"gpus": total, "free": free now} of every node alive in Ray."""
-        found: dict[str, dict[str, float]] | None = self._ray_view(probes.slots(self.gcs))
-        return found
+        return cast("dict[str, dict[str, float]] | None", self._ray_view(probes.slots(self.gcs)))
 
     def _ray_view(self, probe: list[str], node: Node | None = None) -> Any:
         try:

@@ -274,6 +274,8 @@ class Deployment:
                 self.fleet.report(f"watch: {name}'s {', '.join(beside)} too: in its namespace")
             started[nodes[name]] = [*names, *beside]
         self.fleet.contexts_answer()  # an engine that went away is named as such
+        for node, names in started.items():
+            self.fleet.ended(node, names)
         self._started("start again", started)
         if door.NAME in services.get(self.fleet.head.name, []):
             door.answers(self.fleet)
