@@ -4,13 +4,15 @@ the requests sent meanwhile, against the same load before it.
     python -m benchmarks.rolling_upgrade
 
 Two replicas of the tiny model (CPU vLLM, TP=1 each, one per emulated node, one thread each)
-brought up by `vllm-compose up` at its defaults. CLIENTS clients (tests/support/load.py: half the
-requests streamed, each client one after another) send chat completions through the door for
-BEFORE seconds, then on through `upgrade` of a changed config (max_model_len), which drains,
-switches, checks and puts back each replica in turn. Recorded: the requests during the upgrade
-that failed, and the longest a request took then, less the longest in the second half of the
-time before it. Goals: none failed;
-no request waits 2 s longer than before.
+brought up by `vllm-compose up` at its defaults. Each node's containers run on a core of their own
+(tests/support/testbed.py, `pinned`), as on machines of their own: the replica that starts again
+does not take the serving replica's core, as it did with both nodes on both cores. CLIENTS
+clients (tests/support/load.py: half the requests streamed, each client one after another) send
+chat completions through the door for BEFORE seconds, then on through `upgrade` of a changed
+config (max_model_len), which drains, switches, checks and puts back each replica in turn.
+Recorded: the requests during the upgrade that failed, and the longest a request took then, less
+the longest in the second half of the time before it. Goals: none failed; no request waits 2 s
+longer than before.
 
 Traffic goes only to the testbed's own addresses; every loop is bounded; the processes it starts
 it ends by their IDs.
@@ -42,7 +44,7 @@ WORK = Path("/tmp/vllm-compose-rolling")
 def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    with running(2) as bed:
+    with running(2, pinned=True) as bed:
         root = DockerClient()
         clusters.place_vllm(bed, images.vllm_base(root), images.tiny_model(root))
         path = config(WORK, bed, "rolling", "native", extra=REPLICAS)
@@ -75,9 +77,10 @@ def main() -> None:
                grew <= GOAL_WAIT),
         Figure("the upgrade of both replicas took", f"{ended - began:.0f} s"),
     ]  # fmt: skip
-    about = (f"Two replicas of the tiny model (CPU vLLM, one thread each) behind the door at its"
-             f" defaults; {CLIENTS} clients, half the requests streamed, for {BEFORE:g} s and then"
-             " through `upgrade` of a changed max_model_len, replica by replica.")  # fmt: skip
+    about = (f"Two replicas of the tiny model (CPU vLLM, one thread each, each node on a core of"
+             f" its own) behind the door at its defaults; {CLIENTS} clients, half the requests"
+             f" streamed, for {BEFORE:g} s and then through `upgrade` of a changed max_model_len,"
+             " replica by replica.")  # fmt: skip
     record("A rolling upgrade, from the clients' side", about,
            f"0 failed; the longest request +{GOAL_WAIT:g} s at most", figures)  # fmt: skip
 

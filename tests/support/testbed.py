@@ -38,6 +38,7 @@ IFNAME = "enp1s0f1np1"
 STATE = Path("/run/vllm-compose-testbed")
 ENGINES = Path("/var/lib/vllm-compose-testbed")  # kept between runs: images stay cached
 MODELS = "/var/lib/vllm-compose-testbed-models"  # each node sees its own folder at this path
+CGROUPS = Path("/sys/fs/cgroup")  # cgroup v1; a pinned node's containers go in one of its own
 
 
 def sh(*cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -74,6 +75,7 @@ class Testbed:
     __test__ = False  # not a test class, despite the name
     prefix: str
     nodes: list[Node] = field(default_factory=list)
+    pinned: bool = False  # each node's containers on a core of their own (Testbed.create)
     engines: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
     @property
@@ -83,9 +85,11 @@ class Testbed:
     # Building
 
     @classmethod
-    def create(cls, count: int, prefix: str | None = None) -> Testbed:
+    def create(cls, count: int, prefix: str | None = None, pinned: bool = False) -> Testbed:
+        """`pinned`: node i's containers run on core i alone (of as many as there are, in turn), as
+        on machines of their own: a node's busy start does not take another node's core."""
         prefix = prefix or f"vct{os.getpid() % 10000}"
-        bed = cls(prefix)
+        bed = cls(prefix, pinned=pinned)
         STATE.mkdir(parents=True, exist_ok=True)
         if (STATE / "testbed.json").exists():
             left = cls.load()
@@ -162,7 +166,7 @@ class Testbed:
             f"dockerd --data-root {data}/docker --exec-root /run/{node.netns}-exec"
             f" -H unix://{node.socket} --pidfile {node.pidfile} --bridge none"
             " --iptables=false --ip-masq=false"
-        )
+        ) + (self._pinned(node) if self.pinned else "")
         # Own mount, IPC and UTS namespaces: a private /dev/shm and hostname per node (vLLM takes
         # two nodes sharing them for one machine), and the node's own model folder.
         script = (
@@ -179,6 +183,15 @@ class Testbed:
         )
         log.close()
 
+    def _pinned(self, node: Node) -> str:
+        """The engine's flag that puts its containers under a cgroup of the node's own core."""
+        cpuset = CGROUPS / "cpuset" / node.netns
+        cpuset.mkdir(exist_ok=True)
+        core = (int(node.name.removeprefix("spark")) - 1) % (os.cpu_count() or 1)
+        (cpuset / "cpuset.cpus").write_text(str(core))
+        (cpuset / "cpuset.mems").write_text((CGROUPS / "cpuset" / "cpuset.mems").read_text())
+        return f" --cgroup-parent /{node.netns}"
+
     def _wait_engine(self, node: Node, seconds: float = 60) -> None:
         deadline = time.monotonic() + seconds
         while sh("docker", "--context", node.context, "info", check=False).returncode != 0:
@@ -188,7 +201,8 @@ class Testbed:
             time.sleep(0.5)
 
     def _save(self) -> None:
-        data = {"prefix": self.prefix, "nodes": [asdict(n) for n in self.nodes]}
+        data = {"prefix": self.prefix, "nodes": [asdict(n) for n in self.nodes],
+                "pinned": self.pinned}  # fmt: skip
         (STATE / "testbed.json").write_text(json.dumps(data, indent=2))
 
     def alive(self) -> bool:
@@ -204,7 +218,7 @@ class Testbed:
     @classmethod
     def load(cls) -> Testbed:
         data = json.loads((STATE / "testbed.json").read_text())
-        return cls(data["prefix"], [Node(**n) for n in data["nodes"]])
+        return cls(data["prefix"], [Node(**n) for n in data["nodes"]], data.get("pinned", False))
 
     # Images
 
@@ -473,6 +487,9 @@ class Testbed:
             sh("docker", "context", "rm", "-f", node.context, check=False)
             sh("ip", "netns", "del", node.netns, check=False)
             (STATE / f"{node.netns}.dockerd.log").unlink(missing_ok=True)
+            for controller in CGROUPS.glob(f"*/{node.netns}"):  # a pinned node's, emptied
+                with contextlib.suppress(OSError):  # with its containers
+                    controller.rmdir()
         sh(
             "iptables",
             "-D",
@@ -501,9 +518,9 @@ def with_door(bed: Testbed) -> Testbed:
 
 
 @contextlib.contextmanager
-def running(count: int) -> Iterator[Testbed]:
+def running(count: int, pinned: bool = False) -> Iterator[Testbed]:
     """A testbed of `count` nodes for the block, each holding the front door's image."""
-    bed = with_door(Testbed.create(count))
+    bed = with_door(Testbed.create(count, pinned=pinned))
     try:
         yield bed
     finally:
