@@ -203,7 +203,7 @@ class Fleet:
 
         deadline = time.monotonic() + seconds
         if running():
-            self.report(f"{node.name}'s {', '.join(services)} still ending; waiting for it")
+            self.report(f"start again: {node.name}'s {', '.join(services)} still ending; waiting")
         while running() and time.monotonic() < deadline:
             time.sleep(1)
 
