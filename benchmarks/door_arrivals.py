@@ -3,13 +3,14 @@ costs what, side by side in one run on this machine's loopback.
 
     python -m benchmarks.door_arrivals [--rounds N]
 
-HAProxy (the host's, Debian's package) runs the front door's configuration as the tool renders
-it at its defaults, and two variants of it: a 16 KiB buffer instead of 1 MiB, and retries on a
-refused connection only (no L7 retries). Behind it is a stand-in for vLLM (an asyncio server
-here, which answers at once): it measures the door alone, not a model. Each round sends 16
-requests at once (a chat completion's body, 2 KB), as `bench` does at concurrency 16, straight
-to the stand-in and through each door, and notes when each whole request arrived there. Printed:
-per endpoint, the median over the rounds of the median arrival, and its difference from direct.
+HAProxy (the host's, Debian's package, or `--haproxy PATH`) runs the front door's configuration as
+the tool renders it at its defaults, and three variants of it: a 16 KiB buffer instead of 1 MiB,
+retries on a refused connection only (no L7 retries), and no per-thread cache of freed buffers
+(HAProxy 3.0 on; before 3.0 the same as the defaults). Behind it is a stand-in for vLLM (an asyncio
+server here, which answers at once): it measures the door alone, not a model. Each round sends 16
+requests at once (a chat completion's body, 2 KB), as `bench` does at concurrency 16, straight to
+the stand-in and through each door, and notes when each whole request arrived there. Printed: per
+endpoint, the median over the rounds of the median arrival, and its difference from direct.
 
 Why: HAProxy keeps a copy of a request it may send again (its L7 retries, which hold requests
 through a recovery), and the copy is of its whole buffer (`tune.bufsize`), not of the request.
@@ -35,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.report import Figure, record
-from generator.stack import doorfiles, frontdoor
+from generator.stack import doorfiles, doorhold, frontdoor
 from tests.support.door import runnable
 
 AT_ONCE = 16
@@ -43,11 +44,11 @@ KEY = "bench-key"
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 2000}]}
 ).encode()
-L7 = "empty-response 500 502 503 504"  # what the door retries besides a refused connection
 VARIANTS = {  # name -> (what is replaced in the default configuration, by what)
     "the door (defaults)": ("", ""),
     "16 KiB buffer": (f"tune.bufsize {frontdoor.BUFSIZE}", "tune.bufsize 16384"),
-    "no L7 retries": (f"retry-on conn-failure {L7}", "retry-on conn-failure"),
+    "no L7 retries": (f"retry-on {doorhold.RETRY_ON}", "retry-on conn-failure"),
+    "no buffer cache (3.0 on)": (f"tune.memory.hot-size {frontdoor.HOT_SIZE}", ""),
 }
 DIRECT = "direct (the stand-in)"
 
@@ -181,11 +182,22 @@ async def rounds(haproxy: str, count: int) -> dict[str, list[float]]:
 
 
 def arguments(name: str, doc: str) -> tuple[str, int]:
-    """The host's haproxy and the rounds asked for (`--rounds`), for the benchmark `name`."""
+    """The haproxy to run (`--haproxy`, else the host's) and the rounds asked for (`--rounds`),
+    for the benchmark `name`."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc)
     parser.add_argument("--rounds", type=int, default=5, choices=range(1, 21))
-    count = int(parser.parse_args().rounds)
-    return shutil.which("haproxy") or sys.exit(f"{name}: no haproxy (make setup)"), count
+    parser.add_argument("--haproxy", help="an HAProxy binary to run (default: the host's)")
+    args = parser.parse_args()
+    haproxy = (
+        args.haproxy or shutil.which("haproxy") or sys.exit(f"{name}: no haproxy (make setup)")
+    )
+    return haproxy, int(args.rounds)
+
+
+def named(haproxy: str) -> str:
+    """`HAProxy 2.6.12`: the version `haproxy -v` says, for a benchmark's record."""
+    said = subprocess.run([haproxy, "-v"], capture_output=True, text=True, check=True).stdout
+    return "HAProxy " + said.split()[2].split("-")[0]
 
 
 def main() -> None:
@@ -200,7 +212,7 @@ def main() -> None:
         print(f"  {name:24} {median:6.1f} ms{extra}")
         figures.append(Figure(name, f"{median:.1f} ms{extra.replace('  (', ' (')}"))
     about = (
-        f"The door's HAProxy (the rendered configuration) and variants of it in front of a"
+        f"The door ({named(haproxy)}, the rendered configuration) and variants of it in front of a"
         f" stand-in on loopback that answers at once; {AT_ONCE} requests sent at the same"
         f" instant, each way, {count} rounds; the median arrival of a whole request."
     )

@@ -4,15 +4,15 @@ token, as a GPU's prefill and decode steps), door against direct, side by side i
 
     python -m benchmarks.door_cost [--rounds N]
 
-HAProxy (the host's, Debian's package) runs the front door's configuration as the tool renders
-it at its defaults. The stand-in (an asyncio server in a process of its own) answers each
-streamed chat completion with TOKENS events STEP apart after FIRST, shaped as vLLM's; it sleeps
-between them, so the two cores are the door's and the clients'. Per concurrency (1, 16, 64,
-256) and round, the two ways in turn (the order swapped each round): each client sends its
+HAProxy (the host's, Debian's package, or `--haproxy PATH`) runs the front door's configuration as
+the tool renders it at its defaults. The stand-in (an asyncio server in a process of its own)
+answers each streamed chat completion with TOKENS events STEP apart after FIRST, shaped as vLLM's;
+it sleeps between them, so the two cores are the door's and the clients'. Per concurrency (1, 16,
+64, 256) and round, the two ways in turn (the order swapped each round): each client sends its
 requests one after another, REQUESTS_PER_CLIENT of them; tokens/s is every token the clients got
-over the wall time, TTFT each request's first token after its send. Printed and recorded: the
-median over the rounds of tokens/s door / direct, and the door's TTFT p50 and p99 minus
-direct's. Goals: >= 0.98x, p50 +2 ms at most, p99 +5 ms at most.
+over the wall time, TTFT each request's first token after its send. Printed and recorded: the median
+over the rounds of tokens/s door / direct, and the door's TTFT p50 and p99 minus direct's. Goals: >=
+0.98x, p50 +2 ms at most, p99 +5 ms at most.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded in count and time; the processes it starts
 it ends by their IDs.
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.door_arrivals import arguments, free_port, running, stand_in_process
+from benchmarks.door_arrivals import arguments, free_port, named, running, stand_in_process
 from benchmarks.door_stream import CHUNK, KEY, MODEL, asked, event
 from benchmarks.report import Figure, record
 from generator.stack import doorfiles, frontdoor
@@ -146,7 +146,7 @@ def main() -> None:
             Figure(f"TTFT p50 / p99 added, {clients} clients", f"{p50:+.1f} / {p99:+.1f} ms",
                    f"<= +{GOALS[1]:g} / +{GOALS[2]:g} ms", p50 <= GOALS[1] and p99 <= GOALS[2]),
         ]  # fmt: skip
-    about = ("The door (the host's HAProxy, the rendered configuration at defaults) against direct,"
+    about = (f"The door ({named(haproxy)}, the rendered configuration at defaults) against direct,"
              " in front of a stand-in for a GPU engine that uses almost no CPU: a first token"
              f" after {FIRST * 1000:.0f} ms, then {TOKENS} tokens {STEP * 1000:.0f} ms apart;"
              f" {REQUESTS_PER_CLIENT} streamed requests per client, side by side, {count}"

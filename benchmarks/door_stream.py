@@ -4,19 +4,19 @@ loopback.
 
     python -m benchmarks.door_stream [--rounds N]
 
-HAProxy (the host's, Debian's package) runs the front door's configuration as the tool renders
-it at its defaults. Behind it is a stand-in for vLLM (an asyncio server here) that streams chat
-completion chunks shaped as vLLM's, one event a millisecond on each stream, as a model sends
-tokens (so the door reads each event on its own, as it does in front of a model; each event's
-text is when it was sent, which benchmarks.door_latency reads); it measures
-the door alone, not a model. Each round sends STREAMS streams at once, of EVENTS events each, in
-four ways: for reference, a stream through the door with its filter taken out of the
-configuration; a stream that asks for no usage (the filter passes each event on and keeps the
-part of one under way, to end the stream cleanly if the model server breaks it off); one that
-asks for its usage (the filter also reads every event for the last one's usage: `bench` and most
-agents' clients ask); and, with `metrics` on, one that does not ask (the door asks in its stead
-and takes the usage's event out again). Printed: the door's CPU time a streamed event (its
-processes' own count, from /proc), the median over the rounds, and what the filter adds.
+HAProxy (the host's, Debian's package, or `--haproxy PATH`) runs the front door's configuration as
+the tool renders it at its defaults. Behind it is a stand-in for vLLM (an asyncio server here) that
+streams chat completion chunks shaped as vLLM's, one event a millisecond on each stream, as a model
+sends tokens (so the door reads each event on its own, as it does in front of a model; each event's
+text is when it was sent, which benchmarks.door_latency reads); it measures the door alone, not a
+model. Each round sends STREAMS streams at once, of EVENTS events each, in four ways: for reference,
+a stream through the door with its filter taken out of the configuration; a stream that asks for no
+usage (the filter passes each event on and keeps the part of one under way, to end the stream
+cleanly if the model server breaks it off); one that asks for its usage (the filter also reads every
+event for the last one's usage: `bench` and most agents' clients ask); and, with `metrics` on, one
+that does not ask (the door asks in its stead and takes the usage's event out again). Printed: the
+door's CPU time a streamed event (its processes' own count, from /proc), the median over the rounds,
+and what the filter adds.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded; the haproxy processes it starts it ends,
 by their IDs.

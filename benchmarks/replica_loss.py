@@ -3,16 +3,15 @@ replicas behind the door is killed (SIGKILL) under load.
 
     python -m benchmarks.replica_loss [--rounds N]
 
-Two STAND-INs for a GPU engine (benchmarks/replica_scaling.py's: SLOTS sequences at once, a
-first token after FIRST, TOKENS tokens STEP apart, almost no CPU), each a process of its own,
-behind the host's HAProxy running the front door's configuration for two replicas as the tool
-renders it at its defaults. CLIENTS clients (fewer than one replica's slots: no queue forms
-when one is gone, so a wait is the door's) each send streamed requests one after another;
-after BEFORE seconds the second replica's process is killed, and the clients go on for AFTER
-seconds. Per round: the requests sent after the kill that failed, the streams the kill cut
-(begun on the killed replica: lost by nature), and the longest wait for a first token after the
-kill less the longest before it. Goals: no request sent after the kill fails; the longest wait
-grows 2 s at most.
+Two STAND-INs for a GPU engine (benchmarks/replica_scaling.py's: SLOTS sequences at once, a first
+token after FIRST, TOKENS tokens STEP apart, almost no CPU), each a process of its own, behind
+HAProxy (the host's, or `--haproxy PATH`) running the front door's configuration for two replicas as
+the tool renders it at its defaults. CLIENTS clients (fewer than one replica's slots: no queue forms
+when one is gone, so a wait is the door's) each send streamed requests one after another; after
+BEFORE seconds the second replica's process is killed, and the clients go on for AFTER seconds. Per
+round: the requests sent after the kill that failed, the streams the kill cut (begun on the killed
+replica: lost by nature), and the longest wait for a first token after the kill less the longest
+before it. Goals: no request sent after the kill fails; the longest wait grows 2 s at most.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded in count and time; the processes it starts
 it ends by their IDs.
@@ -31,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.door_arrivals import arguments, free_port, running, wait_listening
+from benchmarks.door_arrivals import arguments, free_port, named, running, wait_listening
 from benchmarks.door_cost import TOKENS, one
 from benchmarks.replica_scaling import LIVES, door
 from benchmarks.report import Figure, record
@@ -122,7 +121,7 @@ def main() -> None:
                f"{grew:+.2f} / {worst:+.2f} s", f"<= +{GOAL_WAIT:g} s", worst <= GOAL_WAIT),
     ]  # fmt: skip
     about = (
-        f"Two stand-in replicas behind the door (the host's HAProxy, the rendered"
+        f"Two stand-in replicas behind the door ({named(haproxy)}, the rendered"
         f" configuration at defaults); {CLIENTS} clients streaming; the second replica's"
         f" process killed after {BEFORE:g} s, {AFTER:g} s more of load; {count} rounds."
     )

@@ -3,15 +3,15 @@ one replica's tokens a second at saturation, for N = 1 to 4.
 
     python -m benchmarks.replica_scaling [--rounds N]
 
-Each replica is a stand-in in a process of its own that serves SLOTS sequences at once (as
-vLLM's batch), the others waiting their turn, each streaming TOKENS events STEP apart after
-FIRST, sleeping meanwhile (almost no CPU: the two cores are the door's and the clients'). HAProxy
-(the host's, Debian's package) runs the front door's configuration as the tool renders it at its
-defaults: for one replica, a group's; for several, the replicas' (leastconn). Per N and round,
-CLIENTS_PER_SLOT x SLOTS x N clients (saturation: each replica with a queue) send their
-requests one after another, REQUESTS_PER_CLIENT each; tokens/s is every token they got over
-the wall time. Printed and recorded: the median over the rounds of tokens/s with N replicas /
-one replica's, against the goal N x 0.9.
+Each replica is a stand-in in a process of its own that serves SLOTS sequences at once (as vLLM's
+batch), the others waiting their turn, each streaming TOKENS events STEP apart after FIRST, sleeping
+meanwhile (almost no CPU: the two cores are the door's and the clients'). HAProxy (the host's,
+Debian's package, or `--haproxy PATH`) runs the front door's configuration as the tool renders it at
+its defaults: for one replica, a group's; for several, the replicas' (leastconn). Per N and round,
+CLIENTS_PER_SLOT x SLOTS x N clients (saturation: each replica with a queue) send their requests one
+after another, REQUESTS_PER_CLIENT each; tokens/s is every token they got over the wall time.
+Printed and recorded: the median over the rounds of tokens/s with N replicas / one replica's,
+against the goal N x 0.9.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded in count and time; the processes it starts
 it ends by their IDs.
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.door_arrivals import arguments, free_port, running, stand_in_process
+from benchmarks.door_arrivals import arguments, free_port, named, running, stand_in_process
 from benchmarks.door_cost import FIRST, STEP, TOKENS, answered, one
 from benchmarks.door_stream import KEY, MODEL
 from benchmarks.report import Figure, record
@@ -126,7 +126,7 @@ def main() -> None:
         figures.append(Figure(f"tokens/s, {replicas} replica(s) / one", f"{tps:.0f} / "
                               f"{one_replica:.0f} = {ratio:.2f}x", f">= {GOAL * replicas:.1f}x",
                               ratio >= GOAL * replicas))  # fmt: skip
-    about = (f"The door (the host's HAProxy, the rendered configuration at defaults: leastconn)"
+    about = (f"The door ({named(haproxy)}, the rendered configuration at defaults: leastconn)"
              f" in front of 1 to 4 stand-ins for a GPU engine of {SLOTS} sequences at once (a"
              f" first token after {FIRST * 1000:.0f} ms, then {TOKENS} tokens"
              f" {STEP * 1000:.0f} ms apart, almost no CPU), saturated by {CLIENTS_PER_SLOT}"
