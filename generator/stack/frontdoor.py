@@ -41,10 +41,8 @@ if TYPE_CHECKING:
     from generator.stack import NodeStack
 
 BUFSIZE = 1 << 20  # a request up to 1 MiB is buffered whole: held, sent again and routed
-# Bytes of freed objects each thread keeps for reuse (3.0 on). The default keeps less than one
-# 1 MiB buffer, so each request's buffers and the copy its L7 retries keep went back to malloc
-# and came again: 16 requests at once reached the model +12.1 ms after direct, +5.6 ms with this
-# (benchmarks/door_arrivals.py, HAProxy 3.0). The door's resident memory grows by as much.
+# Freed buffers each thread keeps (3.0 on; the default keeps under one 1 MiB buffer): a burst of
+# requests no longer goes to malloc for them (docs/front-door.md). Resident memory grows as much.
 HOT_SIZE = 64 << 20
 MAXCONN = 1000
 RETRY_AFTER = 10  # seconds a client is told to wait after a held request's deadline
@@ -101,9 +99,7 @@ def _global(counts: int | None) -> list[str]:
         # and one forwards far more requests and tokens a second than a model answers.
         "    nbthread 1",
         f"    tune.bufsize {BUFSIZE}",
-        ".if version_atleast(3.0)",
-        f"    tune.memory.hot-size {HOT_SIZE}",
-        ".endif",
+        *(".if version_atleast(3.0)", f"    tune.memory.hot-size {HOT_SIZE}", ".endif"),
         f"    stats socket {RUNTIME} mode 600 level admin expose-fd listeners",
         "    log stdout format raw local0 info",
         f"    lua-load {doorusage.FILE}",
