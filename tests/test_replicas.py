@@ -1,7 +1,7 @@
 """Replicas with real vLLM (CPU build) on the emulated nodes: two groups of the tiny model, TP=1
 each, one per node, behind the first node's front door (config `replicas: 2`), brought up by
-`vllm-compose up`: a load through the door is shared between them; status, top, ls and diagnose
-show each replica and bench measures one; an upgrade rolls replica by replica under load with no
+`vllm-compose up`: a load through the door is shared between them; Prometheus scrapes each one;
+status, top, ls and diagnose show each replica and bench measures one; an upgrade rolls replica by replica under load with no
 failed request (a broken image rolled back on the first, the second never touched); and one
 replica's vLLM killed under load, with watch running, costs no request that had not started its
 answer, is started again by watch and rejoins the door's rotation."""
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from python_on_whales import DockerClient
 
 from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
@@ -59,7 +60,9 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
 ) -> None:
     bed, tmp = pair
     head, other = bed.nodes[:2]
-    path = config(tmp, bed, "twins", "native", extra=REPLICAS)
+    for tag in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):  # metrics on
+        bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head, other])
+    path = config(tmp, bed, "twins", "native", extra=f"{REPLICAS}\n{clusters.METRICS}")
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr[-3000:]
     assert "replica 2: serve ..." in up.stderr and "replica 2 phases:" in up.stdout, up.stdout
@@ -84,6 +87,12 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
     assert total >= 10 and all(
         0.3 <= shares[r] / total <= 0.7 for r in ("replica-1", "replica-2")
     ), shares
+    # The first node's Prometheus scrapes each replica's vLLM, labelled with its replica (the
+    # second's at its node's IP, with the key), and the door's counts of what each one answered.
+    scraped = clusters.promql(other, "sum by (replica) (vllm:request_success_total) > 0", 2)
+    assert sorted(r["metric"]["replica"] for r in scraped) == ["1", "2"], scraped
+    counted = clusters.promql(other, 'front_door_replica_requests_total{code="200"} > 0', 2)
+    assert sorted(r["metric"]["replica"] for r in counted) == ["replica-1", "replica-2"]
     status = cli("status", path, cwd=tmp)  # each node's replica, and each one's share
     assert "spark2 (192.168.200.13), replica 2" in status.stdout, status.stdout
     assert re.search(r"front door: replica-2: UP, 0 under way, \d+% of", status.stdout), (
