@@ -11,8 +11,8 @@ it sleeps between them, so the two cores are the door's and the clients'. Per co
 64, 256) and round, the two ways in turn (the order swapped each round): each client sends its
 requests one after another, REQUESTS_PER_CLIENT of them; tokens/s is every token the clients got
 over the wall time, TTFT each request's first token after its send. Printed and recorded: the median
-over the rounds of tokens/s door / direct, and the door's TTFT p50 and p99 minus direct's. Goals: >=
-0.98x, p50 +2 ms at most, p99 +5 ms at most.
+over the rounds of tokens/s door / direct, and the door's TTFT p50 and p99 minus direct's.
+Goals: >= 0.98x, p50 +2 ms at most, p99 +5 ms at most.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded in count and time; the processes it starts
 it ends by their IDs.

@@ -22,7 +22,8 @@
   request asked for it or, with `metrics`, when the door asked for it: stack/doorusage.py), to
   its output and, with `metrics`, to mtail, which counts them per key (stack/doorcounts.py).
 
-HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is in its manual.
+HAProxy 2.6 (Debian 12's) is the oldest it is written for; every keyword here is in its manual
+but what a `.if version_atleast` holds.
 """
 
 from __future__ import annotations
