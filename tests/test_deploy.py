@@ -196,8 +196,7 @@ def test_four_nodes_tp2_pp2_each_named_its_own_way_up_twice_changes_nothing_down
     )
     with config.open("a") as f:
         f.write(clusters.METRICS.replace("}", ", ray_port: 8090}") + "\n")
-    for image in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):
-        bed.load_image(images.metrics_image(DockerClient(), image))
+    clusters.load_metrics(bed)
     with contextlib.ExitStack() as renamed:
         for node, name in zip(bed.nodes[1:], names[1:], strict=True):
             renamed.enter_context(bed.renamed_interface(node, name))

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from matplotlib import image
-from python_on_whales import DockerClient, DockerException
+from python_on_whales import DockerException
 
 from generator.stack import doorfiles, doorusage
 from tests.support import clusters, faults, images
@@ -82,8 +82,7 @@ def test_native_tp2_answers_is_brought_back_by_watch_after_a_killed_worker_and_d
         tmp, bed, "native", "native", extra=clusters.METRICS, door="requests_per_minute: 3"
     )
     # The metrics images on the head alone: `up` streams the node exporter's to the worker.
-    for tag in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):
-        bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head])
+    clusters.load_metrics(bed, [head])
     with contextlib.suppress(DockerException):
         worker.docker.image.remove(images.NODE_EXPORTER, force=True)
     up = cli("up", path, cwd=tmp)

@@ -1,9 +1,9 @@
-"""Replicas with real vLLM (CPU build) on the emulated nodes: two groups of the tiny model, TP=1
-each, one per node, behind the first node's front door (config `replicas: 2`), brought up by
-`vllm-compose up`: a load through the door is shared between them; Prometheus scrapes each one;
-status, top, ls and diagnose show each replica and bench measures one; an upgrade rolls replica by replica under load with no
-failed request (a broken image rolled back on the first, the second never touched); and one
-replica's vLLM killed under load, with watch running, costs no request that had not started its
+"""Replicas with real vLLM (CPU build) on the emulated nodes: two groups of the tiny model, TP=1 each,
+one per node, behind the first node's front door (config `replicas: 2`), brought up by `vllm-compose
+up`: a load through the door is shared between them; Prometheus scrapes each one; status, top, ls
+and diagnose show each replica and bench measures one; an upgrade rolls replica by replica under
+load with no failed request (a broken image rolled back on the first, the second never touched); and
+one replica's vLLM killed under load, with watch running, costs no request that had not started its
 answer, is started again by watch and rejoins the door's rotation."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from python_on_whales import DockerClient
 
 from tests.support import clusters, faults, images
 from tests.support.clusters import Pair, cli
@@ -60,8 +59,7 @@ def test_two_replicas_share_a_load_roll_an_upgrade_and_a_lost_one_costs_no_reque
 ) -> None:
     bed, tmp = pair
     head, other = bed.nodes[:2]
-    for tag in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):  # metrics on
-        bed.load_image(images.metrics_image(DockerClient(), tag), nodes=[head, other])
+    clusters.load_metrics(bed, [head, other])
     path = config(tmp, bed, "twins", "native", extra=f"{REPLICAS}\n{clusters.METRICS}")
     up = cli("up", path, cwd=tmp)
     assert up.returncode == 0, up.stderr[-3000:]

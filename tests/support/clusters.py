@@ -36,6 +36,13 @@ METRICS = (
 )
 
 
+def load_metrics(bed: Testbed, nodes: list[Node] | None = None) -> None:
+    """METRICS' three images, built from Debian's packages on the root engine, into every node
+    (or those given) that lacks them."""
+    for tag in (images.PROMETHEUS, images.NODE_EXPORTER, images.MTAIL):
+        bed.load_image(images.metrics_image(DockerClient(), tag), nodes=nodes)
+
+
 def place_standin_model(bed: Testbed) -> None:
     for node in bed.nodes:
         folder = Path(node.models) / "standin-model"
